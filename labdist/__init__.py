@@ -1,0 +1,52 @@
+"""labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
+
+from labdist.backend import to_host
+from labdist.context import (
+    get_replica_context,
+    get_strategy,
+    has_strategy,
+    in_cross_replica_context,
+)
+from labdist.enums import ReduceOp, VariableAggregation, VariableSynchronization
+from labdist.errors import (
+    ClusterConnectionError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    LabdistError,
+    PeerAbortedError,
+    ReplicaDivergenceWarning,
+    ReplicaLostError,
+)
+from labdist.input import batches
+from labdist.strategies import MirroredStrategy, OneDeviceStrategy, Strategy
+from labdist.values import PerReplica, ValueContext
+from labdist.variables import Variable
+from labdist.worker.context import ReplicaContext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterConnectionError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "LabdistError",
+    "MirroredStrategy",
+    "OneDeviceStrategy",
+    "PeerAbortedError",
+    "PerReplica",
+    "ReduceOp",
+    "ReplicaContext",
+    "ReplicaDivergenceWarning",
+    "ReplicaLostError",
+    "Strategy",
+    "ValueContext",
+    "Variable",
+    "VariableAggregation",
+    "VariableSynchronization",
+    "batches",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+    "to_host",
+]

@@ -1,0 +1,241 @@
+"""The one driver-side module that knows Dask: start an embedded cluster or connect to one,
+place one Replica actor per worker, and call the replicas concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+import cloudpickle
+import dask
+from distributed import Client
+from distributed.comm.core import CommClosedError
+from distributed.protocol import to_serialize
+
+from labdist.backend import gpu_count
+from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
+from labdist.errors import ClusterConnectionError, ReplicaLostError
+from labdist.worker.replica import Replica, StepEvent
+
+# A replica still running this long after a peer finished is told about it, so a replica
+# waiting for a collective its peer will never make fails now instead of at the timeout.
+NOTICE_AFTER_S = 0.2
+
+
+def start_local_cluster(n_workers: int):
+    """An embedded cluster: one single-threaded worker process per replica (one GPU each with
+    dask-cuda when GPUs are present)."""
+    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which makes numpy temporaries ~2x slower.
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        if gpu_count() > 0:
+            with contextlib.suppress(ImportError):
+                from dask_cuda import LocalCUDACluster
+
+                return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1,
+                                        silence_logs=logging.ERROR)
+        from distributed import LocalCluster
+
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                            dashboard_address=_dashboard_address(), silence_logs=logging.ERROR)
+
+
+def _dashboard_address() -> str | None:
+    try:
+        import bokeh  # noqa: F401
+
+        return "127.0.0.1:0"
+    except ImportError:
+        return None
+
+
+def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client, bool]:
+    """A Client for `cluster` (address, Client or cluster object) and whether we own it."""
+    if isinstance(cluster, Client):
+        return cluster, False
+    if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
+        where = cluster if isinstance(cluster, str) else cluster.scheduler_address
+        try:
+            client = Client(cluster, timeout=timeout, security=security,
+                            direct_to_workers=True, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as e:
+            raise ClusterConnectionError(
+                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s ({e}). "
+                "Check the address (tcp://host:8786), that `dask scheduler` is running there, "
+                "or leave cluster=None to start an embedded local cluster."
+            ) from None
+        return client, True
+    raise TypeError(
+        f"cluster={cluster!r} is not supported; allowed: None (embedded LocalCluster), a "
+        "scheduler address like 'tcp://127.0.0.1:8786', a distributed.Client, or a Dask "
+        "cluster object"
+    )
+
+
+class DaskReplicaGroup:
+    """One Replica actor per worker: the replica-group protocol of strategies/base.py."""
+
+    def __init__(self, num_replicas: int | None, cluster: Any, device: str,
+                 collective_timeout: float, connect_timeout: float, security: Any = None):
+        self._owned_cluster = None
+        if cluster is None:
+            n = num_replicas or (gpu_count() or 2)
+            self._owned_cluster = cluster = start_local_cluster(n)
+        try:
+            self.client, self._owns_client = connect(cluster, connect_timeout, security)
+            self.workers = self._pick_workers(num_replicas, connect_timeout)
+            self.group = uuid.uuid4().hex
+            self.client.register_plugin(CollectivePlugin(), name=PLUGIN_NAME)
+            self._futures = [
+                self.client.submit(Replica, self.group, rank, self.workers, device,
+                                   collective_timeout, actor=True, workers=[addr],
+                                   allow_other_workers=False, pure=False,
+                                   key=f"labdist-replica-{self.group}-{rank}")
+                for rank, addr in enumerate(self.workers)
+            ]
+            self.client.gather(self._futures)
+            self._keys = [f.key for f in self._futures]
+            self.infos = self._sync(self._all, "info", [()] * len(self.workers))
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.workers)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self.client.dashboard_link if self._owned_cluster is not None else None
+
+    def where(self, rank: int) -> str:
+        return f"replica {rank} (worker {self.workers[rank]})"
+
+    def _pick_workers(self, num_replicas: int | None, timeout: float) -> list[str]:
+        want = num_replicas or 1
+        try:
+            self.client.wait_for_workers(want, timeout=timeout)
+        except (TimeoutError, OSError):
+            have = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            raise ValueError(
+                f"num_replicas={num_replicas} but the cluster has {have} worker(s) after "
+                f"waiting {timeout:g} s; start more workers or ask for fewer replicas"
+            ) from None
+        workers = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return workers[:num_replicas] if num_replicas else workers
+
+    # -- calls ------------------------------------------------------------------------------------
+    def _sync(self, fn, *args):
+        return self.client.sync(fn, *args)
+
+    async def _call(self, rank: int, method: str, *args) -> Any:
+        try:
+            resp = await self.client.rpc(self.workers[rank]).actor_execute(
+                actor=self._keys[rank], function=method,
+                args=[to_serialize(a) for a in args], kwargs={})
+        except (OSError, CommClosedError, KeyError) as e:
+            raise ReplicaLostError(
+                f"{self.where(rank)} is unreachable ({type(e).__name__}: {e}); its worker was "
+                "lost and its variable copies with it. Close this strategy and start a new one "
+                "(restore from a checkpoint)"
+            ) from None
+        if resp["status"] == "OK":
+            return resp["result"]
+        raise resp["exception"]
+
+    async def _all(self, method: str, args_per_rank: list[tuple], ranks=None) -> list[Any]:
+        ranks = range(len(self.workers)) if ranks is None else ranks
+        return await asyncio.gather(
+            *(self._call(r, method, *a) for r, a in zip(ranks, args_per_rank, strict=True)))
+
+    async def _events(self, run_id: int, method: str, args_per_rank, ranks) -> list[StepEvent]:
+        """Each replica's next StepEvent; peers that finished early are announced to the rest."""
+        tasks = {asyncio.ensure_future(self._call(r, method, *a)): r
+                 for r, a in zip(ranks, args_per_rank, strict=True)}
+        events: dict[int, StepEvent] = {}
+        announced: set[int] = set()
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(
+                pending, timeout=NOTICE_AFTER_S if events else None,
+                return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                try:
+                    events[tasks[t]] = t.result()
+                except Exception as e:  # a lost worker, or an error outside the step itself
+                    events[tasks[t]] = StepEvent("error", 0, error=e)
+            if pending and not done:
+                news = [r for r in events if r not in announced]
+                announced.update(news)
+                await asyncio.gather(*(
+                    self._call(tasks[t], "peer_state", run_id, r, *_state(events[r]))
+                    for t in pending for r in news), return_exceptions=True)
+        return [events[r] for r in ranks]
+
+    # -- the replica-group protocol --------------------------------------------------------------
+    def create(self, var_id, host):
+        self._sync(self._all, "create", [(var_id, host)] * len(self.workers))
+
+    def read(self, var_id, ranks):
+        return self._sync(self._all, "read", [(var_id,)] * len(ranks), ranks)
+
+    def write(self, var_id, mode, host, want):
+        n = len(self.workers)
+        got = self._sync(self._all, "write", [(var_id, mode, host, r in want) for r in range(n)])
+        return [got[r] for r in want]
+
+    def start(self, run_id, fn, args_r, kwargs_r):
+        fn_bytes = _pickle_fn(fn)
+        n = len(self.workers)
+        args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
+        return self._sync(self._events, run_id, "run", args, list(range(n)))
+
+    def resume(self, run_id, values, errors, ranks=None):
+        ranks = list(range(len(self.workers))) if ranks is None else ranks
+        args = [(values[r], errors[r] if errors else None) for r in ranks]
+        return self._sync(self._events, run_id, "resume", args, ranks)
+
+    def update(self, fn, args_r, kwargs_r):
+        fn_bytes = _pickle_fn(fn)
+        return self._sync(self._all, "update",
+                          [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._sync(self._all, "close", [()] * len(self.workers))
+        self._release()
+
+    def _release(self) -> None:
+        futures = getattr(self, "_futures", [])
+        client = getattr(self, "client", None)
+        if client is not None and futures:
+            with contextlib.suppress(Exception):
+                client.cancel(futures)
+        self._futures = []
+        if client is not None and getattr(self, "_owns_client", False):
+            with contextlib.suppress(Exception):
+                client.close()
+        if self._owned_cluster is not None:
+            with contextlib.suppress(Exception):
+                self._owned_cluster.close()
+            self._owned_cluster = None
+
+
+def _state(event: StepEvent) -> tuple[str, Any]:
+    if event.kind == "error":
+        return "failed", f"{type(event.error).__name__}: {event.error}"
+    return event.kind, event.seq
+
+
+def _pickle_fn(fn) -> bytes:
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as e:
+        raise TypeError(f"fn={fn!r} cannot be sent to the workers (cloudpickle: {e})") from None

@@ -1,0 +1,83 @@
+"""Transports. A Communicator gives a replica one primitive: exchange a message with every peer
+for collective number `seq` and get all of theirs back, in rank order.
+
+`LocalCommunicator` is the single-replica case. `PeerCommunicator` talks to the other workers
+directly over Dask's comms (`worker.rpc`), never through the driver or the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed.protocol import to_serialize
+
+
+class Communicator:
+    """What algorithms need from a transport."""
+
+    rank: int = 0
+    world: int = 1
+    timeout: float = 30.0
+
+    def start_run(self, run: int) -> None:
+        """Begin run `run`: later messages are keyed by it."""
+
+    def exchange(self, seq: int, sig: Any, payload: Any, what: str) -> list[tuple[Any, Any]]:
+        """Send (sig, payload) to every peer; return every rank's (sig, payload), own included."""
+        raise NotImplementedError
+
+
+class LocalCommunicator(Communicator):
+    """One replica: nothing to exchange."""
+
+    def exchange(self, seq, sig, payload, what):
+        return [(sig, payload)]
+
+
+class PeerCommunicator(Communicator):
+    """Direct worker-to-worker messages over Dask comms. Called from the replica's step thread."""
+
+    def __init__(self, worker, group: str, rank: int, peers: list[str], timeout: float):
+        from labdist.collectives.plugin import HANDLER, get_plugin
+
+        self.worker = worker
+        self.group = group
+        self.rank = rank
+        self.world = len(peers)
+        self.peers = peers
+        self.timeout = timeout
+        self.mailbox = get_plugin(worker).mailbox(group)
+        self._handler = HANDLER
+        self._loop = worker.loop.asyncio_loop
+        self.run = 0
+
+    def start_run(self, run: int) -> None:
+        self.run = run
+        self._loop.call_soon_threadsafe(self.mailbox.start_run, run)
+
+    def exchange(self, seq, sig, payload, what):
+        future = asyncio.run_coroutine_threadsafe(
+            self._exchange(self.run, seq, sig, payload, what), self._loop
+        )
+        return future.result()
+
+    async def _exchange(self, run, seq, sig, payload, what):
+        others = [r for r in range(self.world) if r != self.rank]
+        wrapped = to_serialize(payload)
+        sends = [asyncio.ensure_future(self._send(r, run, seq, sig, wrapped)) for r in others]
+        try:
+            got = await self.mailbox.collect(run, seq, others, self.timeout, what)
+            await asyncio.gather(*sends)
+        finally:
+            for s in sends:
+                if not s.done():
+                    s.cancel()
+        got[self.rank] = (sig, payload)
+        return [got[r] for r in range(self.world)]
+
+    async def _send(self, dst, run, seq, sig, payload):
+        rpc = self.worker.rpc(self.peers[dst])
+        await getattr(rpc, self._handler)(
+            group=self.group, run=run, seq=seq, src=self.rank, sig=sig, payload=payload
+        )

@@ -1,0 +1,95 @@
+"""Where peer messages wait until their collective asks for them. Lives on a worker's event loop.
+
+Messages are keyed by (run id, sequence number, source rank): a message can never be taken by
+the wrong collective, and messages of an aborted run are dropped when the next run starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerAbortedError
+
+
+class Mailbox:
+    """One replica's inbox for one replica group. Used from the event loop only."""
+
+    def __init__(self) -> None:
+        self._messages: dict[tuple[int, int, int], tuple[Any, Any]] = {}
+        self._wakeups: dict[tuple[int, int], asyncio.Event] = {}
+        # (run, rank) -> ("done", n_collectives) | ("merge", seq) | ("failed", error text)
+        self._peer_states: dict[tuple[int, int], tuple[str, Any]] = {}
+
+    def put(self, run: int, seq: int, src: int, sig: Any, payload: Any) -> None:
+        self._messages[(run, seq, src)] = (sig, payload)
+        self._wake(run, seq)
+
+    def peer_state(self, run: int, rank: int, state: str, detail: Any) -> None:
+        """Told by the driver: peer `rank` has left the collective stream of `run`."""
+        self._peer_states[(run, rank)] = (state, detail)
+        for (r, seq) in list(self._wakeups):
+            if r == run:
+                self._wake(r, seq)
+
+    def start_run(self, run: int) -> None:
+        """Drop everything left over from earlier runs (an aborted run leaves messages behind)."""
+        for key in [k for k in self._messages if k[0] < run]:
+            del self._messages[key]
+        for key in [k for k in self._peer_states if k[0] < run]:
+            del self._peer_states[key]
+
+    def _wake(self, run: int, seq: int) -> None:
+        event = self._wakeups.get((run, seq))
+        if event is not None:
+            event.set()
+
+    async def collect(
+        self, run: int, seq: int, sources: list[int], timeout: float, what: str
+    ) -> dict[int, tuple[Any, Any]]:
+        """Wait for one message from each of `sources` for collective `seq` of `run`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        event = self._wakeups.setdefault((run, seq), asyncio.Event())
+        try:
+            while True:
+                missing = [s for s in sources if (run, seq, s) not in self._messages]
+                if not missing:
+                    return {s: self._messages.pop((run, seq, s)) for s in sources}
+                for s in missing:
+                    self._raise_if_gone(run, seq, s, what)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise CollectiveTimeoutError(
+                        f"collective #{seq} ({what}) waited {timeout:g} s for replica(s) "
+                        f"{missing}; they never reached it. Raise collective_timeout= on the "
+                        "strategy if a step is legitimately this slow."
+                    )
+                event.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
+        finally:
+            self._wakeups.pop((run, seq), None)
+
+    def _raise_if_gone(self, run: int, seq: int, rank: int, what: str) -> None:
+        state = self._peer_states.get((run, rank))
+        if state is None:
+            return
+        kind, detail = state
+        if kind == "failed":
+            raise PeerAbortedError(
+                f"replica {rank} failed while this replica waited in collective #{seq} ({what}): "
+                f"{detail}"
+            )
+        if kind == "done" and detail <= seq:
+            raise CollectiveMismatchError(
+                f"replicas took different paths: replica {rank} finished its step function after "
+                f"{detail} collective(s), but this replica is waiting in collective #{seq} "
+                f"({what}). Every replica must make the same collective calls in the same order."
+            )
+        if kind == "merge" and detail <= seq:
+            raise CollectiveMismatchError(
+                f"replicas took different paths: replica {rank} is in merge_call (collective "
+                f"#{detail}) while this replica is in collective #{seq} ({what})."
+            )

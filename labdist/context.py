@@ -1,0 +1,99 @@
+"""Which context code runs in: cross-replica (driver, inside `strategy.scope()`), replica (inside
+`strategy.run`, on the replica's worker), or the default replica context (no strategy at all).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from labdist.worker import context as worker_context
+from labdist.worker.context import ReplicaContext
+
+if TYPE_CHECKING:
+    from labdist.strategies.base import Strategy
+
+_scopes = threading.local()
+_strategies: weakref.WeakValueDictionary[str, Strategy] = weakref.WeakValueDictionary()
+_default: list[Strategy] = []
+
+
+def register(strategy: Strategy) -> None:
+    _strategies[strategy._id] = strategy
+
+
+def lookup(strategy_id: str) -> Strategy:
+    try:
+        return _strategies[strategy_id]
+    except KeyError:
+        raise ValueError(
+            "this variable's strategy is closed (or lives in another process); "
+            "its copies are gone"
+        ) from None
+
+
+def _stack() -> list:
+    stack = getattr(_scopes, "stack", None)
+    if stack is None:
+        stack = _scopes.stack = []
+    return stack
+
+
+def enter_scope(strategy: Strategy) -> None:
+    stack = _stack()
+    if stack and stack[-1] is not strategy:
+        raise ValueError(
+            f"cannot enter the scope of {strategy!r} inside the scope of {stack[-1]!r}; "
+            "leave the other scope first (one strategy at a time, as in tf.distribute)"
+        )
+    stack.append(strategy)
+
+
+def exit_scope(strategy: Strategy) -> None:
+    stack = _stack()
+    if stack and stack[-1] is strategy:
+        stack.pop()
+
+
+def default_strategy() -> Strategy:
+    if not _default:
+        from labdist.strategies.one_device import DefaultStrategy
+
+        _default.append(DefaultStrategy())
+    return _default[0]
+
+
+def scoped_strategy() -> Strategy | None:
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+def get_strategy() -> Strategy:
+    """The strategy in scope on the driver, else the default (single-replica) strategy."""
+    if worker_context.current() is not None:
+        raise RuntimeError(
+            "get_strategy() is not available inside a step function on a worker: use "
+            "get_replica_context().num_replicas_in_sync, or pass what you need as arguments"
+        )
+    return scoped_strategy() or default_strategy()
+
+
+def has_strategy() -> bool:
+    """True inside a (non-default) strategy's scope or step function."""
+    return worker_context.current() is not None or scoped_strategy() is not None
+
+
+def in_cross_replica_context() -> bool:
+    return worker_context.current() is None and scoped_strategy() is not None
+
+
+def get_replica_context() -> ReplicaContext | None:
+    """The replica context inside `strategy.run`; None in cross-replica context (inside
+    `strategy.scope()` on the driver); the default replica context with no strategy."""
+    ctx = worker_context.current()
+    if ctx is not None:
+        return ctx if ctx._mode == "replica" else None
+    if scoped_strategy() is not None:
+        return None
+    return default_strategy()._default_replica_context()

@@ -1,0 +1,32 @@
+"""labdist's exceptions. Bad input raises the builtin ValueError/TypeError; these are for the
+distributed machinery, so a user can tell a bug in their step function from a lost worker."""
+
+from __future__ import annotations
+
+
+class LabdistError(Exception):
+    """Base class of labdist's own errors."""
+
+
+class CollectiveMismatchError(LabdistError, RuntimeError):
+    """Replicas took different paths: their collectives do not match in kind or order."""
+
+
+class CollectiveTimeoutError(LabdistError, TimeoutError):
+    """A collective waited longer than the strategy's `collective_timeout` for a peer."""
+
+
+class PeerAbortedError(LabdistError, RuntimeError):
+    """This replica stopped because another replica failed first (not the root cause)."""
+
+
+class ReplicaLostError(LabdistError, RuntimeError):
+    """The Dask worker holding a replica went away; its variable copies are gone."""
+
+
+class ClusterConnectionError(LabdistError, ConnectionError):
+    """The Dask scheduler could not be reached."""
+
+
+class ReplicaDivergenceWarning(UserWarning):
+    """An ON_WRITE variable with aggregation NONE now holds different values on its replicas."""

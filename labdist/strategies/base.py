@@ -1,0 +1,279 @@
+"""What every strategy shares: scope, run (SPMD with merge_call), reduce, local results.
+
+A strategy talks to its replicas through a *replica group* (in-process for OneDeviceStrategy,
+Dask actors for the mirrored strategies) with this small protocol:
+`create/delete/read/write` variable copies, `start/resume` steps (returning one StepEvent per
+replica), `update` for extended.update, and `close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from labdist import context, nest
+from labdist.enums import ReduceOp
+from labdist.errors import CollectiveMismatchError, PeerAbortedError
+from labdist.input import DistributedDataset
+from labdist.strategies.reduce import reduce_value
+from labdist.values import PerReplica, ValueContext
+from labdist.variables import Variable
+from labdist.worker import context as worker_context
+
+_PY_SCALARS = (bool, int, float, complex)
+
+
+class Strategy:
+    """The tf.distribute-shaped API over a replica group."""
+
+    _is_default = False
+
+    def __init__(self, group):
+        self._id = uuid.uuid4().hex
+        self._group = group
+        self._run_ids = itertools.count(1)
+        self._closed = False
+        self.extended = StrategyExtended(self)
+        context.register(self)
+
+    # -- basics -----------------------------------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._group.num_replicas
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Cross-replica context: variables created here get one copy per replica."""
+        self._check_open()
+        context.enter_scope(self)
+        try:
+            yield self
+        finally:
+            context.exit_scope(self)
+
+    def close(self) -> None:
+        """Release the replicas, and whatever cluster this strategy started (nothing else)."""
+        if not self._closed:
+            self._closed = True
+            self._group.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_replicas_in_sync={self._group.num_replicas})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed; create a new strategy")
+
+    # -- running steps ----------------------------------------------------------------------
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Run `fn(*args, **kwargs)` once per replica, concurrently, each on its own worker.
+
+        PerReplica arguments give each replica its component; other arguments go to every
+        replica. Returns a PerReplica per result leaf (the plain value with one replica).
+        """
+        self._check_open()
+        if worker_context.current() is not None:
+            raise RuntimeError("strategy.run cannot be called inside a step function")
+        if not callable(fn):
+            raise TypeError(f"fn={fn!r} is not callable")
+        if not isinstance(args, tuple | list):
+            raise TypeError(f"args={args!r} must be a tuple of positional arguments")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
+        n = self.num_replicas_in_sync
+        args_r = [self._select(tuple(args), r, "args") for r in range(n)]
+        kwargs_r = [self._select(kwargs or {}, r, "kwargs") for r in range(n)]
+        run_id = next(self._run_ids)
+        events = self._group.start(run_id, fn, args_r, kwargs_r)
+        while True:
+            kinds = {e.kind for e in events}
+            if kinds == {"done"}:
+                break
+            if kinds == {"merge"} and len({e.seq for e in events}) == 1:
+                events = self._group.resume(run_id, self._merge(events), None)
+                continue
+            self._fail(run_id, events)
+        self._emit_warnings(events)
+        return self._regroup([e.value for e in events], "the step function's results")
+
+    def _merge(self, events) -> list[Any]:
+        fn = events[0].value[0]
+        args = self._regroup([e.value[1] for e in events], "merge_call args", constants=True)
+        kwargs = self._regroup([e.value[2] for e in events], "merge_call kwargs", constants=True)
+        with self.scope():
+            result = fn(self, *args, **kwargs)
+        return [self._select(result, r, "the merge_call result") for r in range(len(events))]
+
+    def _fail(self, run_id: int, events) -> None:
+        """Some replicas failed or diverged: stop the rest, then raise the root cause."""
+        errors = [e for e in events if e.kind == "error"]
+        if errors:
+            root = min(errors, key=lambda e: (not e.root_cause, events.index(e)))
+            rank = events.index(root)
+            error = root.error
+            note = f"raised on {self._group.where(rank)}"
+        else:
+            steps = ", ".join(
+                f"replica {r}: " + (f"merge_call at collective #{e.seq}" if e.kind == "merge"
+                                    else f"finished after {e.seq} collective(s)")
+                for r, e in enumerate(events))
+            error = CollectiveMismatchError(
+                f"replicas took different paths in strategy.run ({steps}); every replica must "
+                "make the same merge_call and collective calls in the same order")
+            note = None
+        waiting = [r for r, e in enumerate(events) if e.kind == "merge"]
+        while waiting:  # release replicas blocked in merge_call so the group is usable again
+            abort = [None] * len(events)
+            for r in waiting:
+                abort[r] = PeerAbortedError(f"aborted: {error}")
+            events = self._group.resume(run_id, [None] * len(events), abort, ranks=waiting)
+            waiting = [r for r, e in zip(waiting, events, strict=True) if e.kind == "merge"]
+        if note and note not in getattr(error, "__notes__", ()):
+            error.add_note(note)
+        raise error
+
+    # -- values -----------------------------------------------------------------------------------
+    def _select(self, tree: Any, rank: int, what: str) -> Any:
+        n = self.num_replicas_in_sync
+
+        def pick(x):
+            if isinstance(x, PerReplica):
+                if len(x) != n:
+                    raise ValueError(
+                        f"{what}: a PerReplica value has {len(x)} components but this strategy "
+                        f"has {n} replicas (was it made by another strategy?)"
+                    )
+                x = x.values[rank]
+                if isinstance(x, _PY_SCALARS):  # a per-replica number is distributed: an array
+                    x = np.asarray(x)
+            elif isinstance(x, Variable) and x._strategy_id != self._id:
+                context.lookup(x._strategy_id)  # raises if closed
+                if not context.lookup(x._strategy_id)._is_default:
+                    raise ValueError(f"{what}: Variable {x.name!r} belongs to another strategy")
+            return x
+
+        return nest.map_structure(pick, tree)
+
+    def _regroup(self, per_rank: list[Any], what: str, constants: bool = False) -> Any:
+        if len(per_rank) == 1:
+            return per_rank[0]
+        flat = [nest.flatten(v) for v in per_rank]
+        treedef = flat[0][1]
+        if any(t != treedef for _, t in flat):
+            raise ValueError(
+                f"{what} have different structures on different replicas: "
+                + "; ".join(f"replica {r}: {nest.describe(t)}" for r, (_, t) in enumerate(flat))
+            )
+        leaves = []
+        for i in range(len(flat[0][0])):
+            parts = [f[0][i] for f in flat]
+            if isinstance(parts[0], Variable) and all(
+                    isinstance(p, Variable) and p._id == parts[0]._id for p in parts):
+                leaves.append(parts[0])
+            elif constants and isinstance(parts[0], _PY_SCALARS) and all(
+                    type(p) is type(parts[0]) and p == parts[0] for p in parts):
+                leaves.append(parts[0])  # the same constant everywhere: non-distributed
+            else:
+                leaves.append(PerReplica(parts))
+        return nest.unflatten(treedef, leaves)
+
+    def _emit_warnings(self, events) -> None:
+        seen = set()
+        for e in events:
+            for message, category in e.warnings:
+                if (message, category) not in seen:
+                    seen.add((message, category))
+                    warnings.warn(message, category, stacklevel=3)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
+        """PerReplica of `value_fn(ValueContext)` for each replica, computed on the driver."""
+        if not callable(value_fn):
+            raise TypeError(f"value_fn={value_fn!r} is not callable")
+        n = self.num_replicas_in_sync
+        values = [value_fn(ValueContext(r, n)) for r in range(n)]
+        return values[0] if n == 1 else PerReplica(values)
+
+    def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
+        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
+        return DistributedDataset(dataset, self.num_replicas_in_sync)
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        """One host value per replica: of a PerReplica, of a variable's copies, or (value,)."""
+        self._check_open()
+        if isinstance(value, Variable):
+            strategy = context.lookup(value._strategy_id)
+            return tuple(strategy._read_variable(value._id, range(strategy.num_replicas_in_sync)))
+        if isinstance(value, PerReplica):
+            return value.values
+        leaves, _ = nest.flatten(value)
+        if not any(isinstance(x, PerReplica) for x in leaves):
+            return (value,)
+        return tuple(self._select(value, r, "value") for r in range(self.num_replicas_in_sync))
+
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
+        """Reduce a per-replica value (or a structure of them) to one host value."""
+        op = ReduceOp.parse(reduce_op, "reduce_op")
+        if worker_context.current() is not None:
+            raise RuntimeError("strategy.reduce is a cross-replica call: use it on the driver "
+                               "or in merge_call; inside a step use ctx.all_reduce")
+        n = self.num_replicas_in_sync
+
+        def one(x):
+            if isinstance(x, Variable):
+                x = PerReplica(self.experimental_local_results(x))
+            return reduce_value(op, x, axis, n)
+
+        return nest.map_structure(one, value)
+
+    # -- variables (used by variables.py) -------------------------------------------------------
+    def _create_variable(self, var_id: int, host: np.ndarray) -> None:
+        self._check_open()
+        self._group.create(var_id, host)
+
+    def _read_variable(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
+        self._check_open()
+        return self._group.read(var_id, list(ranks))
+
+    def _write_variable(self, var_id: int, mode: str, host: np.ndarray,
+                        want: Iterable[int]) -> list[np.ndarray]:
+        self._check_open()
+        return self._group.write(var_id, mode, host, list(want))
+
+
+class StrategyExtended:
+    """`strategy.extended`: the lower-level calls used inside merge_call."""
+
+    def __init__(self, strategy: Strategy):
+        self._strategy = strategy
+
+    def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
+               group: bool = True) -> Any:
+        """Run `fn(var, *args)` on every replica with writes going to that replica's copy only.
+
+        Per-replica args give each replica its component (as merge_call's reduced values do).
+        """
+        s = self._strategy
+        s._check_open()
+        if worker_context.current() is not None:
+            raise RuntimeError("extended.update is a cross-replica call: use it in merge_call")
+        if not isinstance(var, Variable) or var._strategy_id != s._id:
+            raise ValueError(f"var={var!r} is not a variable of {s!r}")
+        n = s.num_replicas_in_sync
+        results = s._group.update(
+            fn, [s._select(tuple(args), r, "args") for r in range(n)],
+            [s._select(kwargs or {}, r, "kwargs") for r in range(n)])
+        if not group:
+            return tuple(results)
+        return s._regroup(results, "the update function's results")

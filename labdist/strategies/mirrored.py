@@ -1,0 +1,55 @@
+"""MirroredStrategy: synchronous replicas on Dask workers, kept in step by peer all-reduce."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labdist.backend import DEVICES
+from labdist.strategies.base import Strategy
+
+
+class MirroredStrategy(Strategy):
+    """One replica per Dask worker; variables mirrored on every replica.
+
+    num_replicas: replicas (None: one per GPU if there are GPUs, else 2 for an embedded
+        cluster, or every worker of `cluster`).
+    cluster: None (start and own an embedded LocalCluster), a scheduler address, a
+        `distributed.Client`, or a Dask cluster object (used, never closed).
+    device: "auto" (GPU if the worker has one), "cpu", "gpu", or "strict" (a cupy-like test
+        double that refuses implicit host conversion).
+    collective_timeout: seconds a replica waits for its peers in one collective.
+    connect_timeout: seconds to reach the scheduler and to wait for enough workers.
+    """
+
+    def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
+                 device: str = "auto", collective_timeout: float = 30.0,
+                 connect_timeout: float = 10.0, security: Any = None):
+        if num_replicas is not None and (
+                isinstance(num_replicas, bool) or not isinstance(num_replicas, int)
+                or num_replicas < 1):
+            raise ValueError(f"num_replicas={num_replicas!r} must be None or an integer >= 1")
+        if device not in DEVICES:
+            raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
+        for name, value in (("collective_timeout", collective_timeout),
+                            ("connect_timeout", connect_timeout)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive number of seconds")
+        from labdist.cluster import DaskReplicaGroup
+
+        super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
+                                          float(connect_timeout), security))
+
+    @property
+    def workers(self) -> list[str]:
+        """The worker address of each replica, in replica order."""
+        return list(self._group.workers)
+
+    @property
+    def client(self):
+        """The distributed.Client this strategy uses."""
+        return self._group.client
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard of the embedded cluster (None for external clusters)."""
+        return self._group.dashboard_link

@@ -1,0 +1,71 @@
+"""Single-replica strategies that run in the driver process: OneDeviceStrategy, and the default
+strategy that variables use when no strategy is in scope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labdist.backend import get_backend
+from labdist.collectives import LocalCommunicator
+from labdist.strategies.base import Strategy
+from labdist.worker.context import ReplicaContext
+from labdist.worker.replica import ReplicaCore
+
+
+class LocalReplicaGroup:
+    """One in-process replica (the replica-group protocol of strategies/base.py)."""
+
+    num_replicas = 1
+
+    def __init__(self, device: str):
+        backend = get_backend(device)
+        self.core = ReplicaCore(0, 1, backend, LocalCommunicator(), copy_results=True)
+
+    def where(self, rank: int) -> str:
+        return f"replica {rank} (in-process, {self.core.backend.name})"
+
+    def create(self, var_id, host):
+        self.core.create(var_id, host)
+
+    def read(self, var_id, ranks):
+        return [self.core.read(var_id) for _ in ranks]
+
+    def write(self, var_id, mode, host, want):
+        new = self.core.write(var_id, mode, host, bool(want))
+        return [new for _ in want]
+
+    def start(self, run_id, fn, args_r, kwargs_r):
+        return [self.core.start(run_id, fn, args_r[0], kwargs_r[0]).result()]
+
+    def resume(self, run_id, values, errors, ranks=None):
+        error = errors[0] if errors else None
+        return [self.core.resume(values[0], error).result()]
+
+    def update(self, fn, args_r, kwargs_r) -> list[Any]:
+        return [self.core.update(fn, args_r[0], kwargs_r[0])]
+
+    def close(self) -> None:
+        self.core.stop()
+
+
+class OneDeviceStrategy(Strategy):
+    """One replica in this process, on `device` ("auto": the GPU if there is one, else numpy)."""
+
+    def __init__(self, device: str = "auto"):
+        super().__init__(LocalReplicaGroup(device))
+
+    def _default_replica_context(self) -> ReplicaContext:
+        return ReplicaContext(self._group.core, run_id=0,
+                              merge_handler=lambda fn, args, kwargs: fn(self, *args, **kwargs))
+
+
+class DefaultStrategy(OneDeviceStrategy):
+    """What variables and contexts use with no strategy in scope (host numpy, one replica)."""
+
+    _is_default = True
+
+    def __init__(self):
+        super().__init__(device="cpu")
+
+    def close(self) -> None:  # the default strategy lives as long as the process
+        pass

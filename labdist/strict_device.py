@@ -1,0 +1,145 @@
+"""A strict stand-in for cupy: numpy underneath, but device arrays refuse to become host arrays
+implicitly, so host/device mix-ups fail on a laptop the way they fail on a GPU.
+
+Like cupy: `np.asarray(device_array)` raises TypeError, mixing a device array with a numpy
+array raises TypeError, and only `to_host` (cupy's `.get()`) or `float()`/`.item()` move data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+
+class StrictDeviceArray(NDArrayOperatorsMixin):
+    """An array on the pretend device."""
+
+    __slots__ = ("_a",)
+    __array_priority__ = 100
+
+    def __init__(self, host: np.ndarray):
+        self._a = host
+
+    # -- the refusals that make this a strict double ------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "Implicit conversion of a device array to a host numpy array is not allowed; "
+            "use labdist.backend.to_host(x) (cupy: x.get())"
+        )
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        args = [_unwrap(x, ufunc.__name__) for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(_unwrap(x, ufunc.__name__) for x in kwargs["out"])
+        return _wrap(getattr(ufunc, method)(*args, **kwargs))
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = getattr(func, "__name__", "function")
+        return _wrap(func(*_unwrap_tree(args, name), **_unwrap_tree(kwargs, name)))
+
+    # -- the ndarray surface step functions use -------------------------------------------------
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    T = property(lambda self: StrictDeviceArray(self._a.T))
+
+    def __getitem__(self, index):
+        return _wrap(self._a[_unwrap(index, "__getitem__")])
+
+    def __setitem__(self, index, value):
+        self._a[_unwrap(index, "__setitem__")] = _unwrap(value, "__setitem__")
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        return (_wrap(x) for x in self._a)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+    def __int__(self) -> int:
+        return int(self._a)
+
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def item(self):
+        return self._a.item()
+
+    def get(self) -> np.ndarray:
+        """Copy to the host, as cupy's `ndarray.get()`."""
+        return self._a.copy()
+
+    def __getattr__(self, name: str):
+        # reshape, astype, sum, mean, copy, ravel, fill, ...: run on the data, keep it on device.
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+        return lambda *a, **k: _wrap(attr(*_unwrap_tree(a, name), **_unwrap_tree(k, name)))
+
+    def __repr__(self) -> str:
+        return f"StrictDeviceArray({self._a!r})"
+
+    def __reduce__(self):
+        raise TypeError(
+            "A device array cannot be pickled; move it to the host first with to_host(x)"
+        )
+
+
+def _unwrap(x: Any, where: str) -> Any:
+    if isinstance(x, StrictDeviceArray):
+        return x._a
+    if isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{where}: a host numpy array was mixed with a device array; "
+            "move it explicitly with xp.asarray(x) (cupy raises the same way)"
+        )
+    return x
+
+
+def _unwrap_tree(x: Any, where: str) -> Any:
+    if isinstance(x, tuple | list):
+        return type(x)(_unwrap_tree(v, where) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap_tree(v, where) for k, v in x.items()}
+    return _unwrap(x, where)
+
+
+def _wrap(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return StrictDeviceArray(x)
+    if isinstance(x, tuple):
+        return tuple(_wrap(v) for v in x)
+    if isinstance(x, list):
+        return [_wrap(v) for v in x]
+    return x
+
+
+class StrictNumpy:
+    """The `xp` module of the double: numpy's functions, taking and giving device arrays."""
+
+    __name__ = "labdist.strict_device"
+    ndarray = StrictDeviceArray
+
+    def asarray(self, x: Any, dtype=None) -> StrictDeviceArray:
+        """Explicit host-to-device copy (allowed, as `cupy.asarray`)."""
+        if isinstance(x, StrictDeviceArray):
+            return x if dtype is None or x.dtype == dtype else StrictDeviceArray(x._a.astype(dtype))
+        return StrictDeviceArray(np.array(x, dtype=dtype))
+
+    array = asarray
+
+    def __getattr__(self, name: str):
+        attr = getattr(np, name)
+        if not callable(attr) or isinstance(attr, type):
+            return attr  # dtypes, constants (float32, pi, newaxis)
+        return lambda *a, **k: _wrap(attr(*_unwrap_tree(a, name), **_unwrap_tree(k, name)))
+
+
+def to_host(x: StrictDeviceArray) -> np.ndarray:
+    return x._a.copy()

@@ -1,0 +1,42 @@
+"""Distributed values seen from the driver: `PerReplica` holds one component per replica."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class PerReplica:
+    """One value per replica, in replica order (what `strategy.run` returns, and takes)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Iterable[Any]):
+        self.values = tuple(values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __getitem__(self, replica_id: int) -> Any:
+        return self.values[replica_id]
+
+    def __repr__(self) -> str:
+        inner = ",\n ".join(f"{i}: {v!r}" for i, v in enumerate(self.values))
+        return f"PerReplica:{{\n {inner}\n}}"
+
+
+class ValueContext:
+    """What `experimental_distribute_values_from_function` passes to its function."""
+
+    def __init__(self, replica_id_in_sync_group: int, num_replicas_in_sync: int):
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (
+            f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )

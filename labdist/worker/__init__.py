@@ -1,0 +1,1 @@
+"""What runs on workers: the Replica actor and the replica context step functions see."""

@@ -1,0 +1,265 @@
+"""A replica: the variable copies of one member of a replica group and the thread that runs
+its step functions.
+
+`ReplicaCore` is plain Python (used in-process by OneDeviceStrategy and the default strategy);
+`Replica` is the Dask actor that holds one core on a worker. Step functions run on the core's
+own step thread, so a step can block in `merge_call` or a collective while the worker's event
+loop keeps receiving peer messages and driver calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import queue
+import threading
+import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from labdist import nest
+from labdist.backend import Backend, get_backend
+from labdist.errors import PeerAbortedError
+from labdist.worker.context import ReplicaContext, enter
+
+
+@dataclass
+class StepEvent:
+    """What a replica reports to the driver: its step finished ("done"), failed ("error"), or
+    stopped in merge_call ("merge"). `seq` counts the collectives it has made so far."""
+
+    kind: str
+    seq: int
+    value: Any = None
+    error: BaseException | None = None
+    remote_traceback: str = ""
+    warnings: list[tuple[str, type]] = field(default_factory=list)
+
+    @property
+    def root_cause(self) -> bool:
+        return self.kind == "error" and not isinstance(self.error, PeerAbortedError)
+
+
+class ReplicaCore:
+    """Variable copies (as `backend` arrays) plus a step thread. Not tied to Dask."""
+
+    def __init__(self, rank: int, world: int, backend: Backend, comm, copy_results: bool = False):
+        self.rank = rank
+        self.world = world
+        self.backend = backend
+        self.comm = comm
+        self.copy_results = copy_results
+        self.values: dict[int, Any] = {}
+        self.diverged: set[int] = set()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._resume: queue.SimpleQueue = queue.SimpleQueue()
+        self._event: Future | None = None
+        self._thread = threading.Thread(target=self._step_loop, daemon=True,
+                                        name=f"labdist-replica-{rank}")
+        self._thread.start()
+
+    # -- variable copies ------------------------------------------------------------------------
+    def create(self, var_id: int, host: np.ndarray) -> None:
+        self.values[var_id] = self.backend.xp.array(host)  # always a copy of the host value
+        self.diverged.discard(var_id)
+
+    def delete(self, var_ids: list[int]) -> None:
+        for i in var_ids:
+            self.values.pop(i, None)
+
+    def copy_of(self, var_id: int, name: str = "variable") -> Any:
+        try:
+            return self.values[var_id]
+        except KeyError:
+            raise ValueError(
+                f"Variable {name!r} has no copy on replica {self.rank}: it was created under "
+                "another strategy (or that strategy was closed)"
+            ) from None
+
+    def read(self, var_id: int) -> np.ndarray:
+        return np.array(self.backend.to_host(self.copy_of(var_id)), copy=True)
+
+    def write(self, var_id: int, mode: str, host: np.ndarray | None, want: bool) -> Any:
+        """Cross-replica write of a value the driver already validated."""
+        copy = self.copy_of(var_id)
+        value = self.backend.to_device(host)
+        if mode == "assign":
+            copy[...] = value
+        elif mode == "assign_add":
+            copy += value
+        elif mode == "assign_sub":
+            copy -= value
+        else:
+            raise ValueError(f"mode={mode!r}; allowed: assign, assign_add, assign_sub")
+        return self.read(var_id) if want else None
+
+    # -- steps ----------------------------------------------------------------------------------
+    def start(self, run_id: int, fn, args: tuple, kwargs: dict) -> Future:
+        """Queue `fn` on the step thread; the future resolves with its first StepEvent."""
+        if self._event is not None:
+            raise RuntimeError(f"replica {self.rank} is still running an earlier step")
+        self._event = Future()
+        event = self._event
+        self._jobs.put((run_id, fn, args, kwargs))
+        return event
+
+    def resume(self, value: Any = None, error: BaseException | None = None) -> Future:
+        """Hand the result of merge_call to the waiting step; resolves with its next event."""
+        event = self._event
+        if event is None:
+            raise RuntimeError(f"replica {self.rank} is not waiting in merge_call")
+        self._resume.put((value, error))
+        return event
+
+    def merge(self, seq: int, fn, args: tuple, kwargs: dict) -> Any:
+        """Called on the step thread by ReplicaContext.merge_call: report, then wait."""
+        self._signal(StepEvent("merge", seq, (fn, self.to_host(args), self.to_host(kwargs))),
+                     next_event=Future())
+        value, error = self._resume.get()
+        if error is not None:
+            raise error
+        return self.to_device(value)
+
+    def update(self, fn, args: tuple, kwargs: dict) -> Any:
+        """`extended.update`: run `fn` here with updates writing only this replica's copy."""
+        ctx = ReplicaContext(self, run_id=-1, mode="update")
+        with enter(ctx):
+            result = fn(*self.to_device(args), **self.to_device(kwargs))
+        return self.to_host(result)
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _step_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            run_id, fn, args, kwargs = job
+            self.comm.start_run(run_id)
+            ctx = ReplicaContext(self, run_id)
+            try:
+                with enter(ctx):
+                    result = fn(*self.to_device(args), **self.to_device(kwargs))
+                event = StepEvent("done", ctx._seq, self.to_host(result), warnings=ctx.warnings)
+            except BaseException as e:  # reported to the driver, which re-raises it
+                event = StepEvent("error", ctx._seq, error=e, warnings=ctx.warnings,
+                                  remote_traceback=traceback.format_exc())
+            self._signal(event, next_event=None)
+
+    def _signal(self, event: StepEvent, next_event: Future | None) -> None:
+        current, self._event = self._event, next_event
+        current.set_result(event)
+
+    # -- host <-> device at the replica's boundary -------------------------------------------
+    def to_device(self, tree: Any) -> Any:
+        backend = self.backend
+
+        def move(x):
+            return backend.to_device(x) if isinstance(x, np.ndarray) else x
+
+        return nest.map_structure(move, tree)
+
+    def to_host(self, tree: Any) -> Any:
+        backend, copy = self.backend, self.copy_results
+
+        def move(x):
+            if backend.is_array(x) or isinstance(x, np.ndarray):
+                host = backend.to_host(x)
+                return np.array(host, copy=True) if copy else host
+            return x
+
+        return nest.map_structure(move, tree)
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.dumps(error)
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class Replica:
+    """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
+
+    def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
+        from distributed import get_worker
+
+        from labdist.collectives.communicator import LocalCommunicator, PeerCommunicator
+
+        worker = get_worker()
+        self.group = group
+        self.address = worker.address
+        backend = get_backend(device)
+        comm = (PeerCommunicator(worker, group, rank, peers, timeout) if len(peers) > 1
+                else LocalCommunicator())
+        self.core = ReplicaCore(rank, len(peers), backend, comm)
+        self._fn_bytes: bytes | None = None
+        self._fn = None
+
+    async def info(self) -> dict:
+        return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
+                "rank": self.core.rank}
+
+    async def create(self, var_id: int, host: np.ndarray) -> None:
+        self.core.create(var_id, host)
+
+    async def delete(self, var_ids: list[int]) -> None:
+        self.core.delete(var_ids)
+
+    async def read(self, var_id: int) -> np.ndarray:
+        return self.core.read(var_id)
+
+    async def write(self, var_id: int, mode: str, host, want: bool):
+        return self.core.write(var_id, mode, host, want)
+
+    async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> StepEvent:
+        fn = self._load(fn_bytes)
+        return await self._next_event(self.core.start(run_id, fn, args, kwargs))
+
+    async def resume(self, value: Any = None, error: BaseException | None = None) -> StepEvent:
+        return await self._next_event(self.core.resume(value, error))
+
+    async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
+        mailbox = getattr(self.core.comm, "mailbox", None)
+        if mailbox is not None:
+            mailbox.peer_state(run_id, rank, state, detail)
+
+    def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
+        return self.core.update(self._load(fn_bytes), args, kwargs)
+
+    async def close(self) -> None:
+        self.core.stop()
+        from distributed import get_worker
+
+        from labdist.collectives.plugin import get_plugin
+
+        get_plugin(get_worker()).drop(self.group)
+
+    def _load(self, fn_bytes: bytes):
+        if fn_bytes != self._fn_bytes:  # a training loop sends the same function every step
+            import cloudpickle
+
+            self._fn, self._fn_bytes = cloudpickle.loads(fn_bytes), fn_bytes
+        return self._fn
+
+    async def _next_event(self, future: Future) -> StepEvent:
+        """The step's next event, made safe to send to the driver."""
+        import cloudpickle
+
+        event = await asyncio.wrap_future(future)
+        while event.kind == "merge":
+            try:
+                cloudpickle.dumps(event.value)
+                break
+            except Exception as e:  # the step is waiting: fail it there, with a clear message
+                error = TypeError(f"merge_call arguments cannot be sent to the driver: {e}")
+                event = await asyncio.wrap_future(self.core.resume(error=error))
+        if event.error is not None:
+            event.error = _picklable(event.error)
+        return event
