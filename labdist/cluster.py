@@ -40,16 +40,7 @@ def start_local_cluster(n_workers: int):
         from distributed import LocalCluster
 
         return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            dashboard_address=_dashboard_address(), silence_logs=logging.ERROR)
-
-
-def _dashboard_address() -> str | None:
-    try:
-        import bokeh  # noqa: F401
-
-        return "127.0.0.1:0"
-    except ImportError:
-        return None
+                            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
 
 
 def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client, bool]:
@@ -136,7 +127,7 @@ class DaskReplicaGroup:
         try:
             resp = await self.client.rpc(self.workers[rank]).actor_execute(
                 actor=self._keys[rank], function=method,
-                args=[to_serialize(a) for a in args], kwargs={})
+                args=[_wire(a) for a in args], kwargs={})
         except (OSError, CommClosedError, KeyError) as e:
             raise ReplicaLostError(
                 f"{self.where(rank)} is unreachable ({type(e).__name__}: {e}); its worker was "
@@ -226,6 +217,16 @@ class DaskReplicaGroup:
             with contextlib.suppress(Exception):
                 self._owned_cluster.close()
             self._owned_cluster = None
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None))
+
+
+def _wire(value: Any) -> Any:
+    """msgpack carries plain values as they are; anything else goes as a pickled frame."""
+    if type(value) in _PLAIN or (type(value) in (tuple, dict) and not value):
+        return value
+    return to_serialize(value)
 
 
 def _state(event: StepEvent) -> tuple[str, Any]:

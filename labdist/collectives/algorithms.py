@@ -53,7 +53,10 @@ def combine(op: str, parts: list[np.ndarray]) -> np.ndarray:
     """Reduce host arrays given in rank order; the same order on every replica."""
     if op == "first":
         return parts[0]
-    acc = np.array(parts[0], copy=True) if len(parts) == 1 else np.add(parts[0], parts[1])
+    if len(parts) == 1:
+        acc = np.array(parts[0], copy=True)
+    else:  # np.add of 0-d arrays gives a scalar: make it an array we can add into
+        acc = np.asarray(np.add(parts[0], parts[1]))
     for p in parts[2:]:
         np.add(acc, p, out=acc)
     if op == "mean":

@@ -53,8 +53,7 @@ class PeerCommunicator(Communicator):
         self.run = 0
 
     def start_run(self, run: int) -> None:
-        self.run = run
-        self._loop.call_soon_threadsafe(self.mailbox.start_run, run)
+        self.run = run  # the Replica actor already cleared the mailbox, on the event loop
 
     def exchange(self, seq, sig, payload, what):
         future = asyncio.run_coroutine_threadsafe(

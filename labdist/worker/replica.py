@@ -220,6 +220,9 @@ class Replica:
 
     async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> StepEvent:
         fn = self._load(fn_bytes)
+        mailbox = getattr(self.core.comm, "mailbox", None)
+        if mailbox is not None:
+            mailbox.start_run(run_id)
         return await self._next_event(self.core.start(run_id, fn, args, kwargs))
 
     async def resume(self, value: Any = None, error: BaseException | None = None) -> StepEvent:

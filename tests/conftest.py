@@ -1,0 +1,50 @@
+"""Shared strategies: real LocalClusters with worker processes, started once per session."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import labdist as ld
+
+_STRATEGIES: dict[str, ld.Strategy] = {}
+
+
+def make_strategy(kind: str) -> ld.Strategy:
+    """'mirrored-N' (N worker processes), 'mirrored-N-strict' (cupy-like double), 'one-device'."""
+    if kind not in _STRATEGIES:
+        if kind == "one-device":
+            _STRATEGIES[kind] = ld.OneDeviceStrategy(device="cpu")
+        else:
+            parts = kind.split("-")
+            device = parts[2] if len(parts) > 2 else "cpu"
+            _STRATEGIES[kind] = ld.MirroredStrategy(num_replicas=int(parts[1]), device=device,
+                                                    collective_timeout=20)
+    return _STRATEGIES[kind]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_strategies():
+    yield
+    for s in _STRATEGIES.values():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s.close()
+    _STRATEGIES.clear()
+
+
+@pytest.fixture(params=["mirrored-2", "mirrored-3", "mirrored-2-strict"])
+def strategy(request) -> ld.Strategy:
+    """Every multi-replica strategy the semantics must hold on (real worker processes)."""
+    return make_strategy(request.param)
+
+
+@pytest.fixture
+def mirrored2() -> ld.Strategy:
+    return make_strategy("mirrored-2")
+
+
+@pytest.fixture
+def mirrored3() -> ld.Strategy:
+    return make_strategy("mirrored-3")
