@@ -10,12 +10,12 @@ import logging
 import uuid
 from typing import Any
 
-import cloudpickle
 import dask
 from distributed import Client
 from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 
+from labdist import shipping
 from labdist.backend import gpu_count
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.errors import ClusterConnectionError, ReplicaLostError
@@ -128,6 +128,13 @@ class DaskReplicaGroup:
             resp = await self.client.rpc(self.workers[rank]).actor_execute(
                 actor=self._keys[rank], function=method,
                 args=[_wire(a) for a in args], kwargs={})
+        except TypeError as e:
+            if "serialize" not in str(e):
+                raise
+            raise TypeError(
+                f"the arguments of {method!r} cannot be sent to {self.where(rank)}: {e}. "
+                "Pass arrays, numbers, and picklable objects"
+            ) from None
         except (OSError, CommClosedError, KeyError) as e:
             raise ReplicaLostError(
                 f"{self.where(rank)} is unreachable ({type(e).__name__}: {e}); its worker was "
@@ -180,7 +187,7 @@ class DaskReplicaGroup:
         return [got[r] for r in want]
 
     def start(self, run_id, fn, args_r, kwargs_r):
-        fn_bytes = _pickle_fn(fn)
+        fn_bytes = shipping.dumps(fn)
         n = len(self.workers)
         args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
         return self._sync(self._events, run_id, "run", args, list(range(n)))
@@ -191,7 +198,7 @@ class DaskReplicaGroup:
         return self._sync(self._events, run_id, "resume", args, ranks)
 
     def update(self, fn, args_r, kwargs_r):
-        fn_bytes = _pickle_fn(fn)
+        fn_bytes = shipping.dumps(fn)
         return self._sync(self._all, "update",
                           [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
 
@@ -235,8 +242,3 @@ def _state(event: StepEvent) -> tuple[str, Any]:
     return event.kind, event.seq
 
 
-def _pickle_fn(fn) -> bytes:
-    try:
-        return cloudpickle.dumps(fn)
-    except Exception as e:
-        raise TypeError(f"fn={fn!r} cannot be sent to the workers (cloudpickle: {e})") from None

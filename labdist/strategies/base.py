@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context, nest
+from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
 from labdist.errors import CollectiveMismatchError, PeerAbortedError
 from labdist.input import DistributedDataset
@@ -102,14 +102,19 @@ class Strategy:
             if kinds == {"done"}:
                 break
             if kinds == {"merge"} and len({e.seq for e in events}) == 1:
-                events = self._group.resume(run_id, self._merge(events), None)
+                try:
+                    values = self._merge(events)
+                except BaseException as error:  # release the waiting replicas, then raise
+                    self._abort(run_id, events, error)
+                    raise
+                events = self._group.resume(run_id, values, None)
                 continue
             self._fail(run_id, events)
         self._emit_warnings(events)
         return self._regroup([e.value for e in events], "the step function's results")
 
     def _merge(self, events) -> list[Any]:
-        fn = events[0].value[0]
+        fn = shipping.driver_object(events[0].value[0])
         args = self._regroup([e.value[1] for e in events], "merge_call args", constants=True)
         kwargs = self._regroup([e.value[2] for e in events], "merge_call kwargs", constants=True)
         with self.scope():
@@ -133,16 +138,20 @@ class Strategy:
                 f"replicas took different paths in strategy.run ({steps}); every replica must "
                 "make the same merge_call and collective calls in the same order")
             note = None
-        waiting = [r for r, e in enumerate(events) if e.kind == "merge"]
-        while waiting:  # release replicas blocked in merge_call so the group is usable again
-            abort = [None] * len(events)
-            for r in waiting:
-                abort[r] = PeerAbortedError(f"aborted: {error}")
-            events = self._group.resume(run_id, [None] * len(events), abort, ranks=waiting)
-            waiting = [r for r, e in zip(waiting, events, strict=True) if e.kind == "merge"]
+        self._abort(run_id, events, error)
         if note and note not in getattr(error, "__notes__", ()):
             error.add_note(note)
         raise error
+
+    def _abort(self, run_id: int, events, error: BaseException) -> None:
+        """Release replicas blocked in merge_call, so the group is usable again."""
+        waiting = [r for r, e in enumerate(events) if e.kind == "merge"]
+        while waiting:
+            abort = [None] * len(events)
+            for r in waiting:
+                abort[r] = PeerAbortedError(f"aborted: {type(error).__name__}: {error}")
+            events = self._group.resume(run_id, [None] * len(events), abort, ranks=waiting)
+            waiting = [r for r, e in zip(waiting, events, strict=True) if e.kind == "merge"]
 
     # -- values -----------------------------------------------------------------------------------
     def _select(self, tree: Any, rank: int, what: str) -> Any:
@@ -272,7 +281,7 @@ class StrategyExtended:
             raise ValueError(f"var={var!r} is not a variable of {s!r}")
         n = s.num_replicas_in_sync
         results = s._group.update(
-            fn, [s._select(tuple(args), r, "args") for r in range(n)],
+            fn, [s._select((var, *args), r, "args") for r in range(n)],
             [s._select(kwargs or {}, r, "kwargs") for r in range(n)])
         if not group:
             return tuple(results)
