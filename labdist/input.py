@@ -25,8 +25,9 @@ def split_sizes(batch_size: int, num_replicas: int) -> list[int]:
     return sizes
 
 
-def split_batch(batch: Any, num_replicas: int) -> PerReplica | Any:
-    """One global batch (an array, or a tuple/dict of arrays sharing their leading size)."""
+def split_batch(batch: Any, num_replicas: int) -> Any:
+    """One global batch (an array, or a tuple/dict of arrays sharing their leading size) as
+    the same structure of PerReplica values."""
     leaves, treedef = nest.flatten(batch)
     arrays = [np.asarray(x) for x in leaves]
     if any(a.ndim == 0 for a in arrays):
@@ -43,11 +44,12 @@ def split_batch(batch: Any, num_replicas: int) -> PerReplica | Any:
             f"experimental_distribute_dataset: the arrays of one batch have different leading "
             f"sizes {sorted(sizes)}; they must share the batch dimension"
         )
+    if num_replicas == 1:
+        return batch
     bounds = np.cumsum([0, *split_sizes(sizes.pop(), num_replicas)])
-    return PerReplica(
-        nest.unflatten(treedef, [a[bounds[r]:bounds[r + 1]] for a in arrays])
-        for r in range(num_replicas)
-    )
+    # the batch's structure, with a PerReplica at each leaf (as tf.distribute yields them)
+    return nest.unflatten(treedef, [
+        PerReplica(a[bounds[r]:bounds[r + 1]] for r in range(num_replicas)) for a in arrays])
 
 
 class DistributedDataset:

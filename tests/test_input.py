@@ -23,11 +23,13 @@ def test_ceil_split_rule(b, n, sizes):
 
 def test_tuples_and_dicts_split_together():
     x, y = np.arange(10).reshape(5, 2), np.arange(5)
-    parts = split_batch((x, y), 3)
-    assert [len(p[0]) for p in parts] == [2, 2, 1]
-    assert_array_equal(parts[2][1], [4])
+    xs, ys = split_batch((x, y), 3)  # the batch's structure, a PerReplica at each leaf
+    assert isinstance(xs, ld.PerReplica)
+    assert [len(p) for p in xs] == [2, 2, 1]
+    assert_array_equal(ys[2], [4])
     d = split_batch({"x": x, "y": y}, 2)
-    assert_array_equal(d[1]["y"], [3, 4])
+    assert_array_equal(d["y"][1], [3, 4])
+    assert split_batch((x, y), 1) == (x, y)
 
 
 def test_mismatched_leading_sizes_and_unbatched_elements():
