@@ -123,7 +123,18 @@ class DaskReplicaGroup:
     def _sync(self, fn, *args):
         return self.client.sync(fn, *args)
 
+    def _lost(self, rank: int) -> bool:
+        """The scheduler told the client this replica's worker (and so its actor) is gone."""
+        return self._futures[rank].status not in ("finished", "pending")
+
+    def _lost_error(self, rank: int, detail: str) -> ReplicaLostError:
+        return ReplicaLostError(
+            f"{self.where(rank)} was lost ({detail}), and its variable copies with it. Close "
+            "this strategy and start a new one (restore from a checkpoint)")
+
     async def _call(self, rank: int, method: str, *args) -> Any:
+        if self._lost(rank):
+            raise self._lost_error(rank, "its worker left the cluster")
         try:
             resp = await self.client.rpc(self.workers[rank]).actor_execute(
                 actor=self._keys[rank], function=method,
@@ -136,11 +147,7 @@ class DaskReplicaGroup:
                 "Pass arrays, numbers, and picklable objects"
             ) from None
         except (OSError, CommClosedError, KeyError) as e:
-            raise ReplicaLostError(
-                f"{self.where(rank)} is unreachable ({type(e).__name__}: {e}); its worker was "
-                "lost and its variable copies with it. Close this strategy and start a new one "
-                "(restore from a checkpoint)"
-            ) from None
+            raise self._lost_error(rank, f"{type(e).__name__}: {e}") from None
         if resp["status"] == "OK":
             return resp["result"]
         raise resp["exception"]
@@ -159,14 +166,18 @@ class DaskReplicaGroup:
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(
-                pending, timeout=NOTICE_AFTER_S if events else None,
-                return_when=asyncio.FIRST_COMPLETED)
+                pending, timeout=NOTICE_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 try:
                     events[tasks[t]] = t.result()
                 except Exception as e:  # a lost worker, or an error outside the step itself
                     events[tasks[t]] = StepEvent("error", 0, error=e)
-            if pending and not done:
+            for t in [t for t in pending if self._lost(tasks[t])]:  # don't wait for a dead worker
+                t.cancel()
+                pending.discard(t)
+                error = self._lost_error(tasks[t], "its worker left the cluster")
+                events[tasks[t]] = StepEvent("error", 0, error=error)
+            if pending and events and not done:
                 news = [r for r in events if r not in announced]
                 announced.update(news)
                 await asyncio.gather(*(
