@@ -46,6 +46,11 @@ def start_local_cluster(n_workers: int):
 def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client, bool]:
     """A Client for `cluster` (address, Client or cluster object) and whether we own it."""
     if isinstance(cluster, Client):
+        if cluster.status not in ("newly-created", "connecting", "running"):
+            raise ClusterConnectionError(
+                f"cluster={cluster!r} is a distributed.Client that is {cluster.status}; pass "
+                "an open Client, a scheduler address, a cluster object, or None"
+            )
         return cluster, False
     if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
         where = cluster if isinstance(cluster, str) else cluster.scheduler_address

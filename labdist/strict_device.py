@@ -31,9 +31,13 @@ class StrictDeviceArray(NDArrayOperatorsMixin):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         args = [_unwrap(x, ufunc.__name__) for x in inputs]
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_unwrap(x, ufunc.__name__) for x in kwargs["out"])
-        return _wrap(getattr(ufunc, method)(*args, **kwargs))
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_unwrap(x, ufunc.__name__) for x in out)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if out is not None:  # in place (x += y, out=...): the caller's arrays, as cupy does
+            return out[0] if len(out) == 1 else tuple(out)
+        return _wrap(result)
 
     def __array_function__(self, func, types, args, kwargs):
         name = getattr(func, "__name__", "function")
@@ -77,6 +81,10 @@ class StrictDeviceArray(NDArrayOperatorsMixin):
 
     def __getattr__(self, name: str):
         # reshape, astype, sum, mean, copy, ravel, fill, ...: run on the data, keep it on device.
+        if name.startswith("__") and name.endswith("__"):
+            # never expose the host buffer's protocols (__array_interface__, __array_struct__,
+            # __dlpack__): numpy would use them to convert without calling __array__
+            raise AttributeError(name)
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
@@ -113,10 +121,21 @@ def _unwrap_tree(x: Any, where: str) -> Any:
 def _wrap(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return StrictDeviceArray(x)
+    if isinstance(x, np.generic):  # an element or a full reduction: a 0-d device array
+        return StrictDeviceArray(np.asarray(x))
     if isinstance(x, tuple):
         return tuple(_wrap(v) for v in x)
     if isinstance(x, list):
         return [_wrap(v) for v in x]
+    return x
+
+
+def _device_leaves(x: Any) -> Any:
+    """Nested lists/tuples may hold device arrays (as cupy.asarray allows): take their data."""
+    if isinstance(x, StrictDeviceArray):
+        return x._a
+    if isinstance(x, tuple | list):
+        return [_device_leaves(v) for v in x]
     return x
 
 
@@ -130,7 +149,7 @@ class StrictNumpy:
         """Explicit host-to-device copy (allowed, as `cupy.asarray`)."""
         if isinstance(x, StrictDeviceArray):
             return x if dtype is None or x.dtype == dtype else StrictDeviceArray(x._a.astype(dtype))
-        return StrictDeviceArray(np.array(x, dtype=dtype))
+        return StrictDeviceArray(np.array(_device_leaves(x), dtype=dtype))
 
     array = asarray
 

@@ -55,6 +55,33 @@ class TestAllReduce:
         expected = np.mean(np.stack(xs.values), axis=0)
         np.testing.assert_allclose(results[0], expected, rtol=1e-6)
 
+    @pytest.mark.parametrize("op", ["SUM", "MEAN"])
+    def test_large_payloads_take_the_reduce_scatter_path(self, strategy, op):
+        """Over DIRECT_MAX_BYTES, ranks reduce one segment each: same results, bit-identical."""
+        from labdist.collectives.algorithms import DIRECT_MAX_BYTES
+
+        n_elems = DIRECT_MAX_BYTES // 4 + 1001  # not a multiple of the replica count
+        xs = per_replica(strategy, lambda r: (
+            np.random.default_rng(r).standard_normal(n_elems).astype(np.float32),
+            np.arange(7, dtype=np.int64) * (r + 1),  # a small leaf in the same call
+            np.full((3, 5), r + 1.0)))
+        out = strategy.run(lambda x: ld.get_replica_context().all_reduce(op, x), args=(xs,))
+        results = strategy.experimental_local_results(out)
+        n = strategy.num_replicas_in_sync
+        for i in range(3):
+            first = results[0][i]
+            assert all(np.array_equal(first, r[i]) for r in results[1:])
+            stacked = np.stack([v[i] for v in xs.values])
+            expected = stacked.sum(axis=0) if op == "SUM" else stacked.sum(axis=0) / n
+            np.testing.assert_allclose(first, expected, rtol=1e-5)
+            assert first.shape == stacked.shape[1:]
+        assert results[0][1].dtype == (np.int64 if op == "SUM" else np.float64)
+
+    def test_large_payload_shape_mismatch_raises(self, mirrored2):
+        xs = ld.PerReplica([np.zeros(400_000, np.float32), np.zeros(400_001, np.float32)])
+        with pytest.raises(ValueError, match="shapes differ"):
+            mirrored2.run(lambda x: ld.get_replica_context().all_reduce("SUM", x), args=(xs,))
+
     def test_different_shapes_raise_on_every_replica_and_cluster_stays_usable(self, strategy):
         xs = per_replica(strategy, lambda r: np.zeros(r + 1))
 

@@ -1,9 +1,11 @@
 """Collective algorithms over a Communicator.
 
-All-reduce is *direct*: every replica sends its (host) arrays to every peer and reduces all of
-them in rank order. Every replica therefore computes bit-identical results, which is what keeps
-mirrored copies exactly equal. Signatures travel with the data, so replicas that disagree on
-what they are doing (kind, structure, shape, dtype) all raise the same error, never hang.
+Small all-reduces are *direct*: every replica sends its (host) arrays to every peer and reduces
+all of them in rank order. Large ones reduce-scatter then all-gather: each rank reduces one
+segment, in rank order, and hands it to all. Either way every replica ends with bit-identical
+results, which is what keeps mirrored copies exactly equal. Signatures travel with the data, so
+replicas that disagree on what they are doing (kind, structure, shape, dtype) all raise the
+same error, never hang.
 """
 
 from __future__ import annotations
@@ -64,17 +66,44 @@ def combine(op: str, parts: list[np.ndarray]) -> np.ndarray:
     return acc
 
 
+# Below this many bytes one round (everyone sends everything) beats two rounds of halves.
+DIRECT_MAX_BYTES = 1 << 20
+
+
 def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: str, backend) -> list[Any]:
     """Reduce each array across replicas with `op` in OPS; returns arrays of `backend`."""
     if op not in OPS:
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {', '.join(OPS)}")
     host = [backend.to_host(a) for a in arrays]
-    got = comm.exchange(seq, signature(kind, host), host, kind)
-    check_signatures([sig for sig, _ in got], kind)
+    sig = signature(kind, host)
+    if comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES:
+        reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, op)
+    else:
+        got = comm.exchange(seq, sig, host, kind)
+        check_signatures([s for s, _ in got], kind)
+        reduced = [combine(op, [payload[i] for _, payload in got]) for i in range(len(host))]
+    return [backend.to_device(r) for r in reduced]
+
+
+def _reduce_scatter_all_gather(comm, seq, kind, sig, host, op) -> list[np.ndarray]:
+    """Large payloads: rank d reduces segment d of every array (reduce-scatter), then every
+    rank gathers all reduced segments. Each rank moves 2 (N-1)/N of the data instead of N-1
+    times it, and reduces 1/N of it; every element is still reduced once, in rank order."""
+    world = comm.world
+    flats = [np.ascontiguousarray(a).reshape(-1) for a in host]
+    bounds = [np.linspace(0, f.size, world + 1).astype(int) for f in flats]
+    outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
+                for d in range(world)]
+    got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
+    check_signatures([s for s, _ in got], kind)
+    mine = [combine(op, [payload[i] for _, payload in got]) for i in range(len(flats))]
+    gathered = [payload for _, payload in comm.exchange(seq, None, mine, kind, phase=1)]
     out = []
-    for i in range(len(host)):
-        reduced = combine(op, [payload[i] for _, payload in got])
-        out.append(backend.to_device(reduced))
+    for i, (a, b) in enumerate(zip(host, bounds, strict=True)):
+        result = np.empty(a.size, dtype=mine[i].dtype)
+        for r in range(world):
+            result[b[r]:b[r + 1]] = gathered[r][i]
+        out.append(result.reshape(a.shape))
     return out
 
 

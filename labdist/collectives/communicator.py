@@ -23,16 +23,21 @@ class Communicator:
     def start_run(self, run: int) -> None:
         """Begin run `run`: later messages are keyed by it."""
 
-    def exchange(self, seq: int, sig: Any, payload: Any, what: str) -> list[tuple[Any, Any]]:
-        """Send (sig, payload) to every peer; return every rank's (sig, payload), own included."""
+    def exchange(self, seq: int, sig: Any, payload: Any, what: str, phase: int = 0,
+                 per_peer: bool = False) -> list[tuple[Any, Any]]:
+        """Send (sig, payload) to every peer; return every rank's (sig, payload), own included.
+
+        With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
+        what comes back from each peer is what it addressed to this rank.
+        """
         raise NotImplementedError
 
 
 class LocalCommunicator(Communicator):
     """One replica: nothing to exchange."""
 
-    def exchange(self, seq, sig, payload, what):
-        return [(sig, payload)]
+    def exchange(self, seq, sig, payload, what, phase=0, per_peer=False):
+        return [(sig, payload[0] if per_peer else payload)]
 
 
 class PeerCommunicator(Communicator):
@@ -55,28 +60,33 @@ class PeerCommunicator(Communicator):
     def start_run(self, run: int) -> None:
         self.run = run  # the Replica actor already cleared the mailbox, on the event loop
 
-    def exchange(self, seq, sig, payload, what):
+    def exchange(self, seq, sig, payload, what, phase=0, per_peer=False):
         future = asyncio.run_coroutine_threadsafe(
-            self._exchange(self.run, seq, sig, payload, what), self._loop
+            self._exchange(self.run, seq, phase, sig, payload, what, per_peer), self._loop
         )
         return future.result()
 
-    async def _exchange(self, run, seq, sig, payload, what):
+    async def _exchange(self, run, seq, phase, sig, payload, what, per_peer):
         others = [r for r in range(self.world) if r != self.rank]
-        wrapped = to_serialize(payload)
-        sends = [asyncio.ensure_future(self._send(r, run, seq, sig, wrapped)) for r in others]
+        shared = None if per_peer else to_serialize(payload)
+        sends = [
+            asyncio.ensure_future(self._send(
+                r, run, seq, phase, sig, to_serialize(payload[r]) if per_peer else shared))
+            for r in others
+        ]
         try:
-            got = await self.mailbox.collect(run, seq, others, self.timeout, what)
+            got = await self.mailbox.collect(run, seq, phase, others, self.timeout, what)
             await asyncio.gather(*sends)
         finally:
             for s in sends:
                 if not s.done():
                     s.cancel()
-        got[self.rank] = (sig, payload)
+        got[self.rank] = (sig, payload[self.rank] if per_peer else payload)
         return [got[r] for r in range(self.world)]
 
-    async def _send(self, dst, run, seq, sig, payload):
+    async def _send(self, dst, run, seq, phase, sig, payload):
         rpc = self.worker.rpc(self.peers[dst])
         await getattr(rpc, self._handler)(
-            group=self.group, run=run, seq=seq, src=self.rank, sig=sig, payload=payload
+            group=self.group, run=run, seq=seq, phase=phase, src=self.rank, sig=sig,
+            payload=payload,
         )

@@ -1,7 +1,8 @@
 """Where peer messages wait until their collective asks for them. Lives on a worker's event loop.
 
-Messages are keyed by (run id, sequence number, source rank): a message can never be taken by
-the wrong collective, and messages of an aborted run are dropped when the next run starts.
+Messages are keyed by (run id, sequence number, phase, source rank): a message can never be
+taken by the wrong collective (or the wrong phase of a two-phase one), and messages of an
+aborted run are dropped when the next run starts.
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ class Mailbox:
     """One replica's inbox for one replica group. Used from the event loop only."""
 
     def __init__(self) -> None:
-        self._messages: dict[tuple[int, int, int], tuple[Any, Any]] = {}
-        self._wakeups: dict[tuple[int, int], asyncio.Event] = {}
+        self._messages: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}
+        self._wakeups: dict[tuple[int, int, int], asyncio.Event] = {}
         # (run, rank) -> ("done", n_collectives) | ("merge", seq) | ("failed", error text)
         self._peer_states: dict[tuple[int, int], tuple[str, Any]] = {}
 
-    def put(self, run: int, seq: int, src: int, sig: Any, payload: Any) -> None:
-        self._messages[(run, seq, src)] = (sig, payload)
-        self._wake(run, seq)
+    def put(self, run: int, seq: int, phase: int, src: int, sig: Any, payload: Any) -> None:
+        self._messages[(run, seq, phase, src)] = (sig, payload)
+        event = self._wakeups.get((run, seq, phase))
+        if event is not None:
+            event.set()
 
     def peer_state(self, run: int, rank: int, state: str, detail: Any) -> None:
         """Told by the driver: peer `rank` has left the collective stream of `run`."""
         self._peer_states[(run, rank)] = (state, detail)
-        for (r, seq) in list(self._wakeups):
-            if r == run:
-                self._wake(r, seq)
+        for key, event in self._wakeups.items():
+            if key[0] == run:
+                event.set()
 
     def start_run(self, run: int) -> None:
         """Drop everything left over from earlier runs (an aborted run leaves messages behind)."""
@@ -40,23 +43,18 @@ class Mailbox:
         for key in [k for k in self._peer_states if k[0] < run]:
             del self._peer_states[key]
 
-    def _wake(self, run: int, seq: int) -> None:
-        event = self._wakeups.get((run, seq))
-        if event is not None:
-            event.set()
-
     async def collect(
-        self, run: int, seq: int, sources: list[int], timeout: float, what: str
+        self, run: int, seq: int, phase: int, sources: list[int], timeout: float, what: str
     ) -> dict[int, tuple[Any, Any]]:
-        """Wait for one message from each of `sources` for collective `seq` of `run`."""
+        """Wait for one message from each of `sources` for collective `seq` (phase `phase`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        event = self._wakeups.setdefault((run, seq), asyncio.Event())
+        event = self._wakeups.setdefault((run, seq, phase), asyncio.Event())
         try:
             while True:
-                missing = [s for s in sources if (run, seq, s) not in self._messages]
+                missing = [s for s in sources if (run, seq, phase, s) not in self._messages]
                 if not missing:
-                    return {s: self._messages.pop((run, seq, s)) for s in sources}
+                    return {s: self._messages.pop((run, seq, phase, s)) for s in sources}
                 for s in missing:
                     self._raise_if_gone(run, seq, s, what)
                 remaining = deadline - loop.time()
@@ -70,7 +68,7 @@ class Mailbox:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), remaining)
         finally:
-            self._wakeups.pop((run, seq), None)
+            self._wakeups.pop((run, seq, phase), None)
 
     def _raise_if_gone(self, run: int, seq: int, rank: int, what: str) -> None:
         state = self._peer_states.get((run, rank))
@@ -82,7 +80,7 @@ class Mailbox:
                 f"replica {rank} failed while this replica waited in collective #{seq} ({what}): "
                 f"{detail}"
             )
-        if kind == "done" and detail <= seq:
+        if kind == "done" and detail < seq:  # its message for `seq` may still be in flight
             raise CollectiveMismatchError(
                 f"replicas took different paths: replica {rank} finished its step function after "
                 f"{detail} collective(s), but this replica is waiting in collective #{seq} "

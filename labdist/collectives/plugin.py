@@ -37,10 +37,9 @@ class CollectivePlugin(WorkerPlugin):
     def drop(self, group: str) -> None:
         _MAILBOXES.pop((self.worker.address, group), None)
 
-    async def receive(
-        self, group: str, run: int, seq: int, src: int, sig: Any = None, payload: Any = None
-    ) -> None:
-        self.mailbox(group).put(run, seq, src, sig, payload)
+    async def receive(self, group: str, run: int, seq: int, src: int, phase: int = 0,
+                      sig: Any = None, payload: Any = None) -> None:
+        self.mailbox(group).put(run, seq, phase, src, sig, payload)
 
 
 def get_plugin(worker) -> CollectivePlugin:
