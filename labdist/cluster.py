@@ -75,7 +75,8 @@ class DaskReplicaGroup:
     """One Replica actor per worker: the replica-group protocol of strategies/base.py."""
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
-                 collective_timeout: float, connect_timeout: float, security: Any = None):
+                 collective_timeout: float, connect_timeout: float, security: Any = None,
+                 transport: str = "auto"):
         self._owned_cluster = None
         if cluster is None:
             n = num_replicas or (gpu_count() or 2)
@@ -95,10 +96,27 @@ class DaskReplicaGroup:
             self.client.gather(self._futures)
             self._keys = [f.key for f in self._futures]
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
+            self.transport = self._choose_transport(transport)
         except BaseException:
             self._release()
             raise
         self._closed = False
+
+    def _choose_transport(self, transport: str) -> str:
+        """Shared memory when every replica can map every other's area (one host), else
+        Dask comms (TCP, or UCX where Dask is configured for it)."""
+        n = len(self.workers)
+        if transport == "tcp" or n == 1:
+            return "tcp"
+        probes = self._sync(self._all, "shm_probe", [()] * n)
+        ok = None not in probes and all(
+            self._sync(self._all, "shm_reachable", [(probes,)] * n))
+        self._sync(self._all, "shm_use", [(ok,)] * n)
+        if transport == "shm" and not ok:
+            raise ValueError(
+                "transport='shm' needs every replica on one host with a shared /dev/shm; "
+                "use transport='auto' or 'tcp'")
+        return "shm" if ok else "tcp"
 
     @property
     def num_replicas(self) -> int:

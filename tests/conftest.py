@@ -12,15 +12,17 @@ _STRATEGIES: dict[str, ld.Strategy] = {}
 
 
 def make_strategy(kind: str) -> ld.Strategy:
-    """'mirrored-N' (N worker processes), 'mirrored-N-strict' (cupy-like double), 'one-device'."""
+    """'mirrored-N' (N worker processes), with '-strict' (the cupy-like double) or '-tcp' (no
+    shared memory: large collectives over Dask comms); or 'one-device'."""
     if kind not in _STRATEGIES:
         if kind == "one-device":
             _STRATEGIES[kind] = ld.OneDeviceStrategy(device="cpu")
         else:
             parts = kind.split("-")
-            device = parts[2] if len(parts) > 2 else "cpu"
+            device = "strict" if "strict" in parts else "cpu"
+            transport = "tcp" if "tcp" in parts else "auto"
             _STRATEGIES[kind] = ld.MirroredStrategy(num_replicas=int(parts[1]), device=device,
-                                                    collective_timeout=20)
+                                                    transport=transport, collective_timeout=20)
     return _STRATEGIES[kind]
 
 

@@ -3,6 +3,7 @@ replicas disagree — through real worker processes."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -55,10 +56,17 @@ class TestAllReduce:
         expected = np.mean(np.stack(xs.values), axis=0)
         np.testing.assert_allclose(results[0], expected, rtol=1e-6)
 
+    @pytest.mark.parametrize("kind", ["mirrored-2", "mirrored-3", "mirrored-2-strict",
+                                      "mirrored-3-tcp"])
     @pytest.mark.parametrize("op", ["SUM", "MEAN"])
-    def test_large_payloads_take_the_reduce_scatter_path(self, strategy, op):
-        """Over DIRECT_MAX_BYTES, ranks reduce one segment each: same results, bit-identical."""
+    def test_large_payloads_take_the_reduce_scatter_path(self, kind, op):
+        """Over DIRECT_MAX_BYTES, ranks reduce one segment each (through shared memory, or
+        Dask comms with transport='tcp'): the same results, bit-identical everywhere."""
+        from conftest import make_strategy
+
         from labdist.collectives.algorithms import DIRECT_MAX_BYTES
+
+        strategy = make_strategy(kind)
 
         n_elems = DIRECT_MAX_BYTES // 4 + 1001  # not a multiple of the replica count
         xs = per_replica(strategy, lambda r: (
@@ -77,10 +85,35 @@ class TestAllReduce:
             assert first.shape == stacked.shape[1:]
         assert results[0][1].dtype == (np.int64 if op == "SUM" else np.float64)
 
-    def test_large_payload_shape_mismatch_raises(self, mirrored2):
-        xs = ld.PerReplica([np.zeros(400_000, np.float32), np.zeros(400_001, np.float32)])
+    @pytest.mark.parametrize("kind", ["mirrored-2", "mirrored-3-tcp"])
+    def test_large_payload_shape_mismatch_raises(self, kind):
+        from conftest import make_strategy
+
+        s = make_strategy(kind)
+        xs = s.experimental_distribute_values_from_function(
+            lambda c: np.zeros(400_000 + c.replica_id_in_sync_group, np.float32))
         with pytest.raises(ValueError, match="shapes differ"):
-            mirrored2.run(lambda x: ld.get_replica_context().all_reduce("SUM", x), args=(xs,))
+            s.run(lambda x: ld.get_replica_context().all_reduce("SUM", x), args=(xs,))
+        out = s.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(300_000)))
+        assert float(s.experimental_local_results(out)[0][0]) == s.num_replicas_in_sync
+
+    def test_transport_choice(self, mirrored2):
+        from conftest import make_strategy
+
+        assert mirrored2.transport == ("shm" if os.path.isdir("/dev/shm") else "tcp")
+        assert make_strategy("mirrored-3-tcp").transport == "tcp"
+        with pytest.raises(ValueError, match="transport='ipc'.*auto, shm, tcp"):
+            ld.MirroredStrategy(num_replicas=2, transport="ipc")
+
+    @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
+    def test_shared_memory_areas_are_removed_on_close(self):
+        def ours():
+            return {n for n in os.listdir("/dev/shm") if n.startswith("labdist-")}
+        before = ours()
+        with ld.MirroredStrategy(num_replicas=2) as s:
+            s.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(300_000)))
+            assert len(ours() - before) >= 4  # a probe and an area per replica
+        assert ours() - before == set()
 
     def test_different_shapes_raise_on_every_replica_and_cluster_stays_usable(self, strategy):
         xs = per_replica(strategy, lambda r: np.zeros(r + 1))

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.collectives.shm import all_reduce_shm
 from labdist.errors import CollectiveMismatchError
 
 OPS = ("sum", "mean", "first")
@@ -51,18 +52,21 @@ def _shapes(shapes: list[tuple]) -> str:
     return str(shapes[0]) if len(shapes) == 1 else str(shapes)
 
 
-def combine(op: str, parts: list[np.ndarray]) -> np.ndarray:
-    """Reduce host arrays given in rank order; the same order on every replica."""
+def combine(op: str, parts: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """Reduce host arrays given in rank order; the same order on every replica.
+
+    With `out` (of the result's dtype), the result is written there instead of a new array.
+    """
     if op == "first":
-        return parts[0]
+        return parts[0] if out is None else np.copyto(out, parts[0]) or out
     if len(parts) == 1:
-        acc = np.array(parts[0], copy=True)
+        acc = np.array(parts[0], copy=True) if out is None else (np.copyto(out, parts[0]) or out)
     else:  # np.add of 0-d arrays gives a scalar: make it an array we can add into
-        acc = np.asarray(np.add(parts[0], parts[1]))
+        acc = np.asarray(np.add(parts[0], parts[1], out=out))
     for p in parts[2:]:
         np.add(acc, p, out=acc)
     if op == "mean":
-        acc = acc / len(parts)
+        acc = acc / len(parts) if out is None else np.true_divide(acc, len(parts), out=acc)
     return acc
 
 
@@ -76,7 +80,10 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: str, backend) -
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {', '.join(OPS)}")
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
-    if comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES:
+    large = comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES
+    if large and getattr(comm, "shm", None) is not None:
+        reduced = all_reduce_shm(comm, comm.shm, seq, kind, sig, host, op, combine)
+    elif large:
         reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, op)
     else:
         got = comm.exchange(seq, sig, host, kind)

@@ -56,6 +56,7 @@ class PeerCommunicator(Communicator):
         self._handler = HANDLER
         self._loop = worker.loop.asyncio_loop
         self.run = 0
+        self.shm = None  # a SharedArea once the replicas know they share this host
 
     def start_run(self, run: int) -> None:
         self.run = run  # the Replica actor already cleared the mailbox, on the event loop

@@ -7,6 +7,8 @@ from typing import Any
 from labdist.backend import DEVICES
 from labdist.strategies.base import Strategy
 
+TRANSPORTS = ("auto", "shm", "tcp")
+
 
 class MirroredStrategy(Strategy):
     """One replica per Dask worker; variables mirrored on every replica.
@@ -19,17 +21,23 @@ class MirroredStrategy(Strategy):
         double that refuses implicit host conversion).
     collective_timeout: seconds a replica waits for its peers in one collective.
     connect_timeout: seconds to reach the scheduler and to wait for enough workers.
+    transport: how large collectives move data: "auto" (shared memory when all replicas are
+        on one host, else Dask comms), "shm", or "tcp" (Dask comms only).
     """
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
-                 connect_timeout: float = 10.0, security: Any = None):
+                 connect_timeout: float = 10.0, security: Any = None,
+                 transport: str = "auto"):
         if num_replicas is not None and (
                 isinstance(num_replicas, bool) or not isinstance(num_replicas, int)
                 or num_replicas < 1):
             raise ValueError(f"num_replicas={num_replicas!r} must be None or an integer >= 1")
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
+        if transport not in TRANSPORTS:
+            raise ValueError(
+                f"transport={transport!r} is not supported; allowed: {', '.join(TRANSPORTS)}")
         for name, value in (("collective_timeout", collective_timeout),
                             ("connect_timeout", connect_timeout)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -37,12 +45,17 @@ class MirroredStrategy(Strategy):
         from labdist.cluster import DaskReplicaGroup
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
-                                          float(connect_timeout), security))
+                                          float(connect_timeout), security, transport))
 
     @property
     def workers(self) -> list[str]:
         """The worker address of each replica, in replica order."""
         return list(self._group.workers)
+
+    @property
+    def transport(self) -> str:
+        """"shm" or "tcp": how this strategy's large collectives move data."""
+        return self._group.transport
 
     @property
     def client(self):

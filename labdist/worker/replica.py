@@ -236,7 +236,28 @@ class Replica:
     def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
         return self.core.update(self._load(fn_bytes), args, kwargs)
 
+    async def shm_probe(self) -> tuple[str, str] | None:
+        """Start a shared-memory area; peers that can read its probe share this host."""
+        from labdist.collectives import shm
+
+        if not shm.available() or not hasattr(self.core.comm, "shm"):
+            return None
+        self.core.comm.shm = shm.SharedArea(self.group, self.core.rank)
+        return self.core.comm.shm.probe_path, self.core.comm.shm.token
+
+    async def shm_reachable(self, probes: list[tuple[str, str]]) -> bool:
+        from labdist.collectives import shm
+
+        return shm.can_reach([p for r, p in enumerate(probes) if r != self.core.rank])
+
+    async def shm_use(self, use: bool) -> None:
+        area = getattr(self.core.comm, "shm", None)
+        if area is not None and not use:
+            area.close()
+            self.core.comm.shm = None
+
     async def close(self) -> None:
+        await self.shm_use(False)
         self.core.stop()
         from distributed import get_worker
 
