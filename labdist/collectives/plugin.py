@@ -25,6 +25,7 @@ class CollectivePlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         self.worker = worker
+        self.received = 0  # messages from peers: collectives never go through the driver
         worker.handlers[HANDLER] = self.receive
 
     def mailbox(self, group: str) -> Mailbox:
@@ -39,6 +40,7 @@ class CollectivePlugin(WorkerPlugin):
 
     async def receive(self, group: str, run: int, seq: int, src: int, phase: int = 0,
                       sig: Any = None, payload: Any = None) -> None:
+        self.received += 1
         self.mailbox(group).put(run, seq, phase, src, sig, payload)
 
 
