@@ -187,9 +187,13 @@ class DaskReplicaGroup:
         events: dict[int, StepEvent] = {}
         announced: set[int] = set()
         pending = set(tasks)
+        first = True  # the common case: everyone answers within NOTICE_AFTER_S, in one wait
         while pending:
             done, pending = await asyncio.wait(
-                pending, timeout=NOTICE_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
+                pending, timeout=NOTICE_AFTER_S,
+                return_when=asyncio.ALL_COMPLETED if first else asyncio.FIRST_COMPLETED)
+            timed_out = bool(pending) and (first or not done)
+            first = False
             for t in done:
                 try:
                     events[tasks[t]] = t.result()
@@ -200,7 +204,7 @@ class DaskReplicaGroup:
                 pending.discard(t)
                 error = self._lost_error(tasks[t], "its worker left the cluster")
                 events[tasks[t]] = StepEvent("error", 0, error=error)
-            if pending and events and not done:
+            if timed_out and events:
                 news = [r for r in events if r not in announced]
                 announced.update(news)
                 await asyncio.gather(*(
