@@ -36,9 +36,10 @@ def _close_strategies():
     _STRATEGIES.clear()
 
 
-@pytest.fixture(params=["mirrored-2", "mirrored-3", "mirrored-2-strict"])
+@pytest.fixture(params=["mirrored-2", "mirrored-3", "mirrored-2-strict", "mirrored-3-tcp"])
 def strategy(request) -> ld.Strategy:
-    """Every multi-replica strategy the semantics must hold on (real worker processes)."""
+    """Every multi-replica strategy the semantics must hold on (real worker processes), over
+    shared memory and over Dask comms."""
     return make_strategy(request.param)
 
 

@@ -56,15 +56,19 @@ class TestAllReduce:
         expected = np.mean(np.stack(xs.values), axis=0)
         np.testing.assert_allclose(results[0], expected, rtol=1e-6)
 
-    def test_collectives_go_peer_to_peer(self, mirrored3):
-        """Each worker's collectives plugin receives its peers' messages directly."""
+    def test_collectives_go_peer_to_peer(self):
+        """Over Dask comms, each worker's collectives plugin receives its peers' messages
+        directly; the shared-memory transport bypasses even that."""
+        from conftest import make_strategy
+
         def received(dask_worker):
             return dask_worker.plugins["labdist-collectives"].received
-        client = mirrored3.client
-        before = client.run(received, workers=mirrored3.workers)
-        mirrored3.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(10)))
-        after = client.run(received, workers=mirrored3.workers)
-        assert all(after[w] - before[w] == 2 for w in mirrored3.workers)  # one from each peer
+        for kind, expected in (("mirrored-3-tcp", 2), ("mirrored-3", 0)):
+            s = make_strategy(kind)
+            before = s.client.run(received, workers=s.workers)
+            s.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(10)))
+            after = s.client.run(received, workers=s.workers)
+            assert all(after[w] - before[w] == expected for w in s.workers), kind
 
     @pytest.mark.parametrize("kind", ["mirrored-2", "mirrored-3", "mirrored-2-strict",
                                       "mirrored-3-tcp"])

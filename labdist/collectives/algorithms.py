@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from labdist.collectives.shm import all_reduce_shm
 from labdist.errors import CollectiveMismatchError
 
 OPS = ("sum", "mean", "first")
@@ -57,8 +56,8 @@ def combine(op: str, parts: list[np.ndarray], out: np.ndarray | None = None) -> 
 
     With `out` (of the result's dtype), the result is written there instead of a new array.
     """
-    if op == "first":
-        return parts[0] if out is None else np.copyto(out, parts[0]) or out
+    if op == "first":  # a copy: parts may be views of a peer's shared area
+        return np.array(parts[0], copy=True) if out is None else (np.copyto(out, parts[0]) or out)
     if len(parts) == 1:
         acc = np.array(parts[0], copy=True) if out is None else (np.copyto(out, parts[0]) or out)
     else:  # np.add of 0-d arrays gives a scalar: make it an array we can add into
@@ -80,10 +79,7 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: str, backend) -
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {', '.join(OPS)}")
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
-    large = comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES
-    if large and getattr(comm, "shm", None) is not None:
-        reduced = all_reduce_shm(comm, comm.shm, seq, kind, sig, host, op, combine)
-    elif large:
+    if comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES:
         reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, op)
     else:
         got = comm.exchange(seq, sig, host, kind)
@@ -96,22 +92,27 @@ def _reduce_scatter_all_gather(comm, seq, kind, sig, host, op) -> list[np.ndarra
     """Large payloads: rank d reduces segment d of every array (reduce-scatter), then every
     rank gathers all reduced segments. Each rank moves 2 (N-1)/N of the data instead of N-1
     times it, and reduces 1/N of it; every element is still reduced once, in rank order."""
-    world = comm.world
+    world, me = comm.world, comm.rank
     flats = [np.ascontiguousarray(a).reshape(-1) for a in host]
     bounds = [np.linspace(0, f.size, world + 1).astype(int) for f in flats]
     outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
                 for d in range(world)]
     got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
     check_signatures([s for s, _ in got], kind)
-    mine = [combine(op, [payload[i] for _, payload in got]) for i in range(len(flats))]
-    gathered = [payload for _, payload in comm.exchange(seq, None, mine, kind, phase=1)]
-    out = []
-    for i, (a, b) in enumerate(zip(host, bounds, strict=True)):
-        result = np.empty(a.size, dtype=mine[i].dtype)
+    results, mine = [], []
+    for i, (f, b) in enumerate(zip(flats, bounds, strict=True)):
+        parts = [payload[i] for _, payload in got]
+        dtype = combine(op, [p[:0] for p in parts]).dtype  # the MEAN of integers is float64
+        result = np.empty(f.size, dtype=dtype)
+        combine(op, parts, out=result[b[me]:b[me + 1]])  # straight into our segment
+        results.append(result)
+        mine.append(result[b[me]:b[me + 1]])
+    gathered = comm.exchange(seq, None, mine, kind, phase=1)
+    for i, (result, b) in enumerate(zip(results, bounds, strict=True)):
         for r in range(world):
-            result[b[r]:b[r + 1]] = gathered[r][i]
-        out.append(result.reshape(a.shape))
-    return out
+            if r != me:
+                result[b[r]:b[r + 1]] = gathered[r][1][i]
+    return [r.reshape(a.shape) for r, a in zip(results, host, strict=True)]
 
 
 def all_gather(comm, seq: int, kind: str, obj: Any) -> list[Any]:

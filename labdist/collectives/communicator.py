@@ -56,12 +56,16 @@ class PeerCommunicator(Communicator):
         self._handler = HANDLER
         self._loop = worker.loop.asyncio_loop
         self.run = 0
-        self.shm = None  # a SharedArea once the replicas know they share this host
+        self.shm = None  # a ShmChannel once the replicas know they share this host
 
     def start_run(self, run: int) -> None:
         self.run = run  # the Replica actor already cleared the mailbox, on the event loop
+        if self.shm is not None:
+            self.shm.messages = 0
 
     def exchange(self, seq, sig, payload, what, phase=0, per_peer=False):
+        if self.shm is not None:  # same host: through shared memory, no event-loop hops
+            return self.shm.exchange(self, seq, phase, sig, payload, what, per_peer)
         future = asyncio.run_coroutine_threadsafe(
             self._exchange(self.run, seq, phase, sig, payload, what, per_peer), self._loop
         )

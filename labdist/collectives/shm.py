@@ -1,10 +1,15 @@
-"""Same-host bulk transport: each replica publishes arrays in a file under /dev/shm that its
-peers map and read directly. No socket copies; Dask comms carry only the small control messages
-(signatures, "ready"), so ordering, mismatch and timeout handling stay in the mailbox.
-Files are named labdist-<group>-<rank>-<pid>-*; those of dead processes are removed on start.
+"""Same-host transport: each replica publishes its collective messages in files under /dev/shm
+that its peers map and read in place, and signals with a stamp in a small control file. No
+socket copies and no event-loop round trips; the Dask mailbox is still consulted while
+waiting, so a peer that took another path, failed, or never comes is reported as on TCP.
 
-Safe reuse without double buffering: a rank rewrites its area only in a later collective, which
-it starts after every peer has told it (by its next message) that it finished reading.
+Layout per replica: a control file (never resized) with, per slot, the stamp (run << 24 | k,
+k counting the run's messages), the data file's generation, and where the message lies; and a
+data file (grown on demand) with two slots. Message k goes to slot k % 2. Rank r writes a slot
+again only with message k + 2, after it read every peer's message k + 1, which a peer publishes
+only after it finished with r's message k: two slots are enough.
+Files are named labdist-<group>-<rank>-<pid>-*; those of dead processes are removed on start.
+Stamps rely on aligned 8-byte stores being seen in program order (x86-64's memory model).
 """
 
 from __future__ import annotations
@@ -12,13 +17,20 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import pickle
 import secrets
+import time
 from typing import Any
 
 import numpy as np
 
+from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
+
 SHM_DIR = "/dev/shm"
 ALIGN = 64
+_CONTROL_BYTES = 4096
+# control words per slot: stamp, generation, data size, meta offset, meta length
+_WORDS = 5
 
 
 def available() -> bool:
@@ -38,60 +50,10 @@ class _Mapping:
         self.path, self.size = path, size
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
 
-    def view(self, offset: int, dtype: np.dtype, count: int) -> np.ndarray:
-        return self.bytes[offset:offset + count * dtype.itemsize].view(dtype)
-
     def close(self) -> None:
         self.bytes = None
         with contextlib.suppress(BufferError):  # a view still alive: freed with the process
             self.mm.close()
-
-
-class SharedArea:
-    """This replica's published area (grown on demand) and its read-only maps of peers' areas."""
-
-    def __init__(self, group: str, rank: int):
-        _remove_orphans()
-        self._prefix = os.path.join(SHM_DIR, f"labdist-{group[:16]}-{rank}-{os.getpid()}")
-        self._generation = 0
-        self.own: _Mapping | None = None
-        self._peers: dict[str, _Mapping] = {}
-        self.token = secrets.token_hex(8)
-        self.probe_path = f"{self._prefix}-probe"
-        with open(self.probe_path, "w") as f:
-            f.write(self.token)
-
-    def ensure(self, nbytes: int) -> tuple[str, int]:
-        """Make the own area at least `nbytes`; returns (path, size) for the control message."""
-        if self.own is None or self.own.size < nbytes:
-            size = max(nbytes, 2 * self.own.size if self.own else 0, 1 << 20)
-            self._generation += 1
-            new = _Mapping(f"{self._prefix}-{self._generation}", size, create=True)
-            if self.own is not None:
-                os.unlink(self.own.path)  # peers that mapped it keep their mapping
-                self.own.close()
-            self.own = new
-        return self.own.path, self.own.size
-
-    def peer(self, path: str, size: int) -> _Mapping:
-        mapping = self._peers.get(path)
-        if mapping is None:
-            for old in [p for p in self._peers if p.rsplit("-", 1)[0] == path.rsplit("-", 1)[0]]:
-                self._peers.pop(old).close()  # that peer grew its area
-            mapping = self._peers[path] = _Mapping(path, size, create=False)
-        return mapping
-
-    def close(self) -> None:
-        for m in self._peers.values():
-            m.close()
-        self._peers.clear()
-        for path in (self.probe_path, self.own.path if self.own else None):
-            if path:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        if self.own is not None:
-            self.own.close()
-            self.own = None
 
 
 def _remove_orphans() -> None:
@@ -109,67 +71,160 @@ def _remove_orphans() -> None:
 
 
 def can_reach(probes: list[tuple[str, str]]) -> bool:
-    """True if every (probe path, token) is readable here: the peers share this /dev/shm."""
+    """True if every (control path, token) is readable here: the peers share this /dev/shm."""
     try:
         for path, token in probes:
-            with open(path) as f:
-                if f.read() != token:
+            with open(path, "rb") as f:
+                if f.read(len(token)).decode() != token:
                     return False
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return False
     return True
 
 
-def layout(sizes: list[int], start: int = 0) -> tuple[list[int], int]:
-    """Byte offsets for blocks of `sizes` bytes from `start`, aligned; and where they end."""
-    offsets, end = [], start
+class ShmChannel:
+    """One replica's side of the shared-memory transport (used from its step thread)."""
+
+    def __init__(self, group: str, rank: int):
+        _remove_orphans()
+        self._prefix = os.path.join(SHM_DIR, f"labdist-{group[:16]}-{rank}-{os.getpid()}")
+        self.token = secrets.token_hex(8)
+        self.control_path = f"{self._prefix}-control"
+        self._control = _Mapping(self.control_path, _CONTROL_BYTES, create=True)
+        self._control.bytes[:16] = np.frombuffer(self.token.encode(), np.uint8)
+        self._words = _slot_words(self._control)
+        self._data: _Mapping | None = None
+        self._generation = 0
+        self._peer_prefix: dict[int, str] = {}
+        self._peer_words: dict[int, np.ndarray] = {}
+        self._peer_controls: list[_Mapping] = []
+        self._peer_data: dict[int, _Mapping] = {}
+        self.messages = 0  # this run's messages so far; reset when a run starts
+
+    def connect(self, peers: dict[int, str]) -> None:
+        """Map the peers' control files (rank -> control path)."""
+        for rank, path in peers.items():
+            control = _Mapping(path, _CONTROL_BYTES, create=False)
+            self._peer_controls.append(control)
+            self._peer_words[rank] = _slot_words(control)
+            self._peer_prefix[rank] = path.removesuffix("-control")
+
+    # -- one exchange -------------------------------------------------------------------------
+    def exchange(self, comm, seq: int, phase: int, sig: Any, payload: Any, what: str,
+                 per_peer: bool) -> list[tuple[Any, Any]]:
+        """comm.exchange's contract, through shared memory. Arrays that come back are
+        read-only views of the peers' areas: valid until this replica's next collective."""
+        run, rank, world = comm.run, comm.rank, comm.world
+        k, self.messages = self.messages, self.messages + 1  # the same count on every replica
+        stamp = (run << 24) | k
+        message = payload
+        if per_peer:  # peers read only their part; don't publish our own
+            message = [None if r == rank else p for r, p in enumerate(payload)]
+        self._publish(k % 2, stamp, (sig, message))
+        got: list[tuple[Any, Any]] = []
+        for r in range(world):
+            if r == rank:
+                got.append((sig, payload[rank] if per_peer else payload))
+                continue
+            peer_sig, peer_payload = self._receive(comm, r, k % 2, stamp, seq, phase, what)
+            got.append((peer_sig, peer_payload[rank] if per_peer else peer_payload))
+        return got
+
+    def _publish(self, slot: int, stamp: int, message: Any) -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        inner = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        meta = pickle.dumps((inner, [r.nbytes for r in raws]), protocol=5)
+        offsets, end = _layout([r.nbytes for r in raws] + [len(meta)])
+        self._ensure(2 * end)
+        base = slot * (self._data.size // 2)
+        data = self._data.bytes
+        for raw, off in zip(raws, offsets, strict=False):
+            data[base + off:base + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
+        meta_off = base + offsets[-1]
+        data[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
+        words = self._words[slot]
+        words[1:] = (self._generation, self._data.size, meta_off, len(meta))
+        words[0] = stamp  # last: peers may read everything above once they see it
+
+    def _receive(self, comm, r: int, slot: int, stamp: int, seq: int, phase: int, what: str):
+        words = self._peer_words[r][slot]
+        self._wait(comm, r, words, stamp, seq, phase, what)
+        generation, size, meta_off, meta_len = (int(w) for w in words[1:])
+        path = f"{self._peer_prefix[r]}-data{generation}"
+        data = self._peer_data.get(r)
+        if data is None or data.path != path:
+            if data is not None:
+                data.close()
+            data = self._peer_data[r] = _Mapping(path, size, create=False)
+        inner, sizes = pickle.loads(bytes(data.bytes[meta_off:meta_off + meta_len]))
+        base = slot * (size // 2)
+        offsets, _ = _layout(sizes)
+        views = []
+        for n, off in zip(sizes, offsets, strict=True):
+            view = data.bytes[base + off:base + off + n].view()
+            view.flags.writeable = False
+            views.append(memoryview(view))
+        return pickle.loads(inner, buffers=views)
+
+    def _wait(self, comm, r, words, stamp, seq, phase, what) -> None:
+        """Poll the peer's stamp; meanwhile watch the mailbox for news of that peer."""
+        if words[0] >= stamp:
+            return
+        deadline = time.monotonic() + comm.timeout
+        pause, polls = 0.0, 0
+        mailbox = comm.mailbox
+        while words[0] < stamp:
+            polls += 1
+            if polls % 16 == 0:
+                if (comm.run, seq, phase, r) in mailbox._messages:
+                    raise CollectiveMismatchError(
+                        f"replicas took different paths at collective #{seq}: this replica is "
+                        f"in {what}, but replica {r} made another kind of collective. Every "
+                        "replica must make the same collective calls in the same order.")
+                mailbox._raise_if_gone(comm.run, seq, r, what)
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"collective #{seq} ({what}) waited {comm.timeout:g} s for replica(s) "
+                        f"[{r}]; it never reached it. Raise collective_timeout= on the strategy "
+                        "if a step is legitimately this slow.")
+            time.sleep(pause)
+            pause = min(1e-3, pause * 2 if pause else 2e-5) if polls > 32 else 0.0
+
+    # -- files --------------------------------------------------------------------------------
+    def _ensure(self, nbytes: int) -> None:
+        if self._data is None or self._data.size < nbytes:
+            size = max(-(-nbytes // (2 * ALIGN)) * 2 * ALIGN,
+                       2 * self._data.size if self._data else 0, 1 << 20)
+            self._generation += 1
+            new = _Mapping(f"{self._prefix}-data{self._generation}", size, create=True)
+            if self._data is not None:
+                os.unlink(self._data.path)  # peers that mapped it keep their mapping
+                self._data.close()
+            self._data = new
+
+    def close(self) -> None:
+        for m in [*self._peer_data.values(), *self._peer_controls]:
+            m.close()
+        self._peer_data.clear()
+        self._peer_controls.clear()
+        self._peer_words.clear()
+        for m in (self._control, self._data):
+            if m is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(m.path)
+                m.close()
+        self._data = None
+
+
+def _slot_words(control: _Mapping) -> list[np.ndarray]:
+    words = control.bytes[64:64 + 2 * _WORDS * 8].view(np.int64)
+    return [words[:_WORDS], words[_WORDS:]]
+
+
+def _layout(sizes: list[int]) -> tuple[list[int], int]:
+    offsets, end = [], 0
     for n in sizes:
         offsets.append(end)
         end += -(-n // ALIGN) * ALIGN
     return offsets, end
-
-
-def all_reduce_shm(comm, area: SharedArea, seq: int, kind: str, sig: Any,
-                   host: list[np.ndarray], op: str, combine) -> list[np.ndarray]:
-    """Reduce-scatter + all-gather through shared memory (see module docstring).
-
-    Phase 0: publish the segments other ranks own; tell them where. Each rank reduces its own
-    segment from its local data and the peers' areas, into its output and its area.
-    Phase 1: tell peers the reduced segments are there; copy theirs into the output.
-    """
-    from labdist.collectives.algorithms import check_signatures
-
-    world, me = comm.world, comm.rank
-    flats = [np.ascontiguousarray(a).reshape(-1) for a in host]
-    bounds = [np.linspace(0, f.size, world + 1).astype(int) for f in flats]
-    # results may be wider than inputs (the MEAN of integers is float64)
-    out_dtypes = [combine(op, [np.zeros(1, f.dtype)] * world).dtype for f in flats]
-    in_offsets, in_end = layout([f.nbytes for f in flats])
-    out_offsets, end = layout([f.size * d.itemsize for f, d in zip(flats, out_dtypes,
-                                                                    strict=True)], in_end)
-    where = area.ensure(end)
-    own = area.own
-    for f, b, off in zip(flats, bounds, in_offsets, strict=True):
-        published = own.view(off, f.dtype, f.size)
-        for d in range(world):
-            if d != me:
-                published[b[d]:b[d + 1]] = f[b[d]:b[d + 1]]
-    got = comm.exchange(seq, sig, where, kind, phase=0)
-    check_signatures([s for s, _ in got], kind)
-    peers = {r: area.peer(*got[r][1]) for r in range(world) if r != me}
-    outs = []
-    for f, b, off, res_off, dtype in zip(flats, bounds, in_offsets, out_offsets, out_dtypes,
-                                         strict=True):
-        lo, hi = b[me], b[me + 1]
-        parts = [f[lo:hi] if r == me else peers[r].view(off, f.dtype, f.size)[lo:hi]
-                 for r in range(world)]
-        out = np.empty(f.size, dtype=dtype)
-        combine(op, parts, out=out[lo:hi])
-        own.view(res_off, dtype, f.size)[lo:hi] = out[lo:hi]
-        outs.append(out)
-    comm.exchange(seq, None, None, kind, phase=1)
-    for f, b, res_off, out in zip(flats, bounds, out_offsets, outs, strict=True):
-        for r in range(world):
-            if r != me:
-                out[b[r]:b[r + 1]] = peers[r].view(res_off, out.dtype, f.size)[b[r]:b[r + 1]]
-    return [out.reshape(a.shape) for out, a in zip(outs, host, strict=True)]

@@ -237,24 +237,32 @@ class Replica:
         return self.core.update(self._load(fn_bytes), args, kwargs)
 
     async def shm_probe(self) -> tuple[str, str] | None:
-        """Start a shared-memory area; peers that can read its probe share this host."""
+        """Open this replica's shared-memory channel; returns (control path, token)."""
         from labdist.collectives import shm
 
         if not shm.available() or not hasattr(self.core.comm, "shm"):
             return None
-        self.core.comm.shm = shm.SharedArea(self.group, self.core.rank)
-        return self.core.comm.shm.probe_path, self.core.comm.shm.token
+        self._shm = shm.ShmChannel(self.group, self.core.rank)
+        return self._shm.control_path, self._shm.token
 
     async def shm_reachable(self, probes: list[tuple[str, str]]) -> bool:
+        """Whether every peer's channel can be mapped here (the same host and /dev/shm)."""
         from labdist.collectives import shm
 
-        return shm.can_reach([p for r, p in enumerate(probes) if r != self.core.rank])
+        peers = {r: p for r, p in enumerate(probes) if r != self.core.rank}
+        if not shm.can_reach(list(peers.values())):
+            return False
+        self._shm.connect({r: path for r, (path, _) in peers.items()})
+        return True
 
     async def shm_use(self, use: bool) -> None:
-        area = getattr(self.core.comm, "shm", None)
-        if area is not None and not use:
-            area.close()
+        channel = getattr(self, "_shm", None)
+        if use:
+            self.core.comm.shm = channel
+        elif channel is not None:
             self.core.comm.shm = None
+            channel.close()
+            self._shm = None
 
     async def close(self) -> None:
         await self.shm_use(False)
