@@ -189,7 +189,7 @@ class ShmChannel:
                         f"[{r}]; it never reached it. Raise collective_timeout= on the strategy "
                         "if a step is legitimately this slow.")
             time.sleep(pause)
-            pause = min(1e-3, pause * 2 if pause else 2e-5) if polls > 32 else 0.0
+            pause = min(2.5e-4, pause * 2 if pause else 2e-5) if polls > 64 else 0.0
 
     # -- files --------------------------------------------------------------------------------
     def _ensure(self, nbytes: int) -> None:
