@@ -78,6 +78,7 @@ class DaskReplicaGroup:
                  collective_timeout: float, connect_timeout: float, security: Any = None,
                  transport: str = "auto"):
         self._owned_cluster = None
+        self._closed = False
         if cluster is None:
             n = num_replicas or (gpu_count() or 2)
             self._owned_cluster = cluster = start_local_cluster(n)
@@ -98,9 +99,8 @@ class DaskReplicaGroup:
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
             self.transport = self._choose_transport(transport)
         except BaseException:
-            self._release()
+            self.close()  # stop whatever replicas started, release what we own
             raise
-        self._closed = False
 
     def _choose_transport(self, transport: str) -> str:
         """Shared memory when every replica can map every other's area (one host), else
@@ -241,11 +241,12 @@ class DaskReplicaGroup:
                           [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
 
     def close(self) -> None:
-        if getattr(self, "_closed", True):
+        if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            self._sync(self._all, "close", [()] * len(self.workers))
+        if getattr(self, "_keys", None):
+            with contextlib.suppress(Exception):
+                self._sync(self._all, "close", [()] * len(self.workers))
         self._release()
 
     def _release(self) -> None:
