@@ -351,6 +351,8 @@ class TestRun:
         (lambda s: s.run(lambda x: x, args=(ld.PerReplica([1, 2, 3]),)), ValueError,
          "3 components.*2 replicas"),
         (lambda s: s.run(lambda: 1, kwargs=[1]), TypeError, "kwargs"),
+        (lambda s: s.run(lambda v: v.read_value(), args=(ld.Variable(1.0),)), ValueError,
+         "belongs to another strategy"),
         (lambda s: s.run(lambda x: x, args=(__import__("threading").Lock(),)), TypeError,
          "cannot be sent"),
     ])

@@ -168,9 +168,9 @@ class Strategy:
                 if isinstance(x, _PY_SCALARS):  # a per-replica number is distributed: an array
                     x = np.asarray(x)
             elif isinstance(x, Variable) and x._strategy_id != self._id:
-                context.lookup(x._strategy_id)  # raises if closed
-                if not context.lookup(x._strategy_id)._is_default:
-                    raise ValueError(f"{what}: Variable {x.name!r} belongs to another strategy")
+                raise ValueError(
+                    f"{what}: Variable {x.name!r} belongs to another strategy; create it "
+                    "under this strategy's scope()")
             return x
 
         return nest.map_structure(pick, tree)
