@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import selectors
 import uuid
 from typing import Any
 
@@ -19,6 +20,8 @@ from labdist import shipping
 from labdist.backend import gpu_count
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.errors import ClusterConnectionError, ReplicaLostError
+from labdist.worker.lane import LaneClient
+from labdist.worker.lane import dumps as lane_dumps
 from labdist.worker.replica import Replica, StepEvent
 
 # A replica still running this long after a peer finished is told about it, so a replica
@@ -98,6 +101,7 @@ class DaskReplicaGroup:
             self._keys = [f.key for f in self._futures]
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
             self.transport = self._choose_transport(transport)
+            self._lanes = self._open_lanes(transport, connect_timeout)
         except BaseException:
             self.close()  # stop whatever replicas started, release what we own
             raise
@@ -117,6 +121,24 @@ class DaskReplicaGroup:
                 "transport='shm' needs every replica on one host with a shared /dev/shm; "
                 "use transport='auto' or 'tcp'")
         return "shm" if ok else "tcp"
+
+    def _open_lanes(self, transport: str, timeout: float) -> list[LaneClient] | None:
+        """The fast lane for steps (worker/lane.py), unless told to use Dask comms only or
+        the cluster uses TLS; any failure to connect falls back to actor calls."""
+        if transport == "tcp":
+            return None
+        ends = self._sync(self._all, "lane_open", [()] * len(self.workers))
+        if None in ends:
+            return None
+        lanes: list[LaneClient] = []
+        try:
+            for address, token in ends:
+                lanes.append(LaneClient(address, token, timeout))
+        except OSError:
+            for lane in lanes:
+                lane.close()
+            return None
+        return lanes
 
     @property
     def num_replicas(self) -> int:
@@ -228,12 +250,67 @@ class DaskReplicaGroup:
         fn_bytes = shipping.dumps(fn)
         n = len(self.workers)
         args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
-        return self._sync(self._events, run_id, "run", args, list(range(n)))
+        return self._step_events(run_id, "run", args, list(range(n)))
 
     def resume(self, run_id, values, errors, ranks=None):
         ranks = list(range(len(self.workers))) if ranks is None else ranks
         args = [(values[r], errors[r] if errors else None) for r in ranks]
-        return self._sync(self._events, run_id, "resume", args, ranks)
+        return self._step_events(run_id, "resume", args, ranks)
+
+    def _step_events(self, run_id, method, args_per_rank, ranks) -> list[StepEvent]:
+        if self._lanes is None:
+            return self._sync(self._events, run_id, method, args_per_rank, ranks)
+        return self._lane_events(run_id, method, args_per_rank, ranks)
+
+    def _lane_events(self, run_id, method, args_per_rank, ranks) -> list[StepEvent]:
+        """`_events` over the lanes: the calling thread talks to the replicas directly."""
+        payloads = []
+        for r, args in zip(ranks, args_per_rank, strict=True):
+            try:
+                payloads.append(lane_dumps((method, *args)))
+            except Exception as e:
+                raise TypeError(f"the arguments of {method!r} cannot be sent to "
+                                f"{self.where(r)}: {e}. Pass arrays, numbers, and picklable "
+                                "objects") from None
+        events: dict[int, StepEvent] = {}
+        selector = selectors.DefaultSelector()
+        try:
+            for r, payload in zip(ranks, payloads, strict=True):
+                try:
+                    self._lanes[r].send(payload)
+                    selector.register(self._lanes[r].sock, selectors.EVENT_READ, r)
+                except OSError as e:
+                    events[r] = StepEvent("error", 0, error=self._lost_error(r, repr(e)))
+            announced: set[int] = set()
+            while len(events) < len(ranks):
+                ready = selector.select(timeout=NOTICE_AFTER_S)
+                for key, _ in ready:
+                    r = key.data
+                    selector.unregister(key.fileobj)
+                    try:
+                        events[r] = self._lanes[r].receive()
+                    except (OSError, EOFError) as e:
+                        events[r] = StepEvent("error", 0, error=self._lost_error(r, repr(e)))
+                if ready:
+                    continue
+                waiting = [r for r in ranks if r not in events]
+                for r in waiting:
+                    if self._lost(r):  # don't wait for a dead worker
+                        selector.unregister(self._lanes[r].sock)
+                        error = self._lost_error(r, "its worker left the cluster")
+                        events[r] = StepEvent("error", 0, error=error)
+                news = [r for r in events if r not in announced]
+                if news and len(events) < len(ranks):
+                    announced.update(news)
+                    self._sync(self._announce, run_id, news, events,
+                               [r for r in ranks if r not in events])
+        finally:
+            selector.close()
+        return [events[r] for r in ranks]
+
+    async def _announce(self, run_id, news, events, waiting) -> None:
+        await asyncio.gather(*(self._call(w, "peer_state", run_id, r, *_state(events[r]))
+                               for w in waiting for r in news), return_exceptions=True)
 
     def update(self, fn, args_r, kwargs_r):
         fn_bytes = shipping.dumps(fn)
@@ -250,6 +327,9 @@ class DaskReplicaGroup:
         self._release()
 
     def _release(self) -> None:
+        for lane in getattr(self, "_lanes", None) or []:
+            lane.close()
+        self._lanes = None
         futures = getattr(self, "_futures", [])
         client = getattr(self, "client", None)
         if client is not None and futures:

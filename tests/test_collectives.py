@@ -3,7 +3,9 @@ replicas disagree — through real worker processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import time
 
 import numpy as np
@@ -118,6 +120,31 @@ class TestAllReduce:
         assert make_strategy("mirrored-3-tcp").transport == "tcp"
         with pytest.raises(ValueError, match="transport='ipc'.*auto, shm, tcp"):
             ld.MirroredStrategy(num_replicas=2, transport="ipc")
+
+    def test_steps_take_the_lane_unless_told_dask_comms_only(self, mirrored2):
+        from conftest import make_strategy
+
+        assert mirrored2._group._lanes is not None
+        assert make_strategy("mirrored-3-tcp")._group._lanes is None
+
+    def test_the_lane_serves_only_the_token_holder(self):
+        from labdist.worker import lane
+
+        handled = []
+        server = lane.LaneServer("127.0.0.1", lambda request: handled.append(request) or "ok")
+        try:
+            with socket.create_connection(server.address, timeout=5) as sock:
+                lane.send_message(sock, b"not-the-token")
+                with contextlib.suppress(OSError):
+                    lane.send_message(sock, lane.dumps(("run", 1)))
+                assert sock.recv(1) == b""  # dropped
+            client = lane.LaneClient(server.address, server.token, timeout=5)
+            client.send(lane.dumps(("run", 2)))
+            assert client.receive() == "ok"
+            client.close()
+            assert handled == [("run", 2)]
+        finally:
+            server.close()
 
     @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
     def test_shared_memory_areas_are_removed_on_close(self):

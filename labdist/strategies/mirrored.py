@@ -21,8 +21,9 @@ class MirroredStrategy(Strategy):
         double that refuses implicit host conversion).
     collective_timeout: seconds a replica waits for its peers in one collective.
     connect_timeout: seconds to reach the scheduler and to wait for enough workers.
-    transport: how large collectives move data: "auto" (shared memory when all replicas are
-        on one host, else Dask comms), "shm", or "tcp" (Dask comms only).
+    transport: "auto" (collectives through shared memory when all replicas share a host,
+        else Dask comms; steps sent over a direct socket lane unless Dask uses TLS), "shm"
+        (require shared memory), or "tcp" (Dask comms only, for collectives and steps).
     """
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,

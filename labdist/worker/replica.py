@@ -228,6 +228,36 @@ class Replica:
     async def resume(self, value: Any = None, error: BaseException | None = None) -> StepEvent:
         return await self._next_event(self.core.resume(value, error))
 
+    async def lane_open(self) -> tuple[tuple[str, int], str] | None:
+        """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
+        from distributed import get_worker
+        from distributed.comm import get_address_host, parse_address
+
+        from labdist.worker.lane import LaneServer
+
+        worker = get_worker()
+        if parse_address(worker.address)[0] != "tcp":
+            return None
+        self._loop = worker.loop.asyncio_loop
+        self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
+        return self._lane.address, self._lane.token
+
+    def _lane_request(self, request: tuple) -> StepEvent:
+        """A run or resume that came by the lane (on the lane's thread)."""
+        if request[0] == "run":
+            _, run_id, fn_bytes, args, kwargs = request
+            mailbox = getattr(self.core.comm, "mailbox", None)
+            if mailbox is not None:
+                self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
+            future = self.core.start(run_id, self._load(fn_bytes), args, kwargs)
+        else:
+            _, value, error = request
+            future = self.core.resume(value, error)
+        event = future.result()
+        while (error := _unsendable(event)) is not None:
+            event = self.core.resume(error=error).result()
+        return _finish(event)
+
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = getattr(self.core.comm, "mailbox", None)
         if mailbox is not None:
@@ -266,6 +296,9 @@ class Replica:
 
     async def close(self) -> None:
         await self.shm_use(False)
+        lane = getattr(self, "_lane", None)
+        if lane is not None:
+            lane.close()
         self.core.stop()
         from distributed import get_worker
 
@@ -282,16 +315,26 @@ class Replica:
 
     async def _next_event(self, future: Future) -> StepEvent:
         """The step's next event, made safe to send to the driver."""
-        import cloudpickle
-
         event = await asyncio.wrap_future(future)
-        while event.kind == "merge":
-            try:
-                cloudpickle.dumps(event.value)
-                break
-            except Exception as e:  # the step is waiting: fail it there, with a clear message
-                error = TypeError(f"merge_call arguments cannot be sent to the driver: {e}")
-                event = await asyncio.wrap_future(self.core.resume(error=error))
-        if event.error is not None:
-            event.error = _picklable(event.error)
-        return event
+        while (error := _unsendable(event)) is not None:
+            event = await asyncio.wrap_future(self.core.resume(error=error))
+        return _finish(event)
+
+
+def _unsendable(event: StepEvent) -> BaseException | None:
+    """A merge request whose arguments cannot travel: the step waiting on it must fail."""
+    if event.kind != "merge":
+        return None
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(event.value)
+    except Exception as e:
+        return TypeError(f"merge_call arguments cannot be sent to the driver: {e}")
+    return None
+
+
+def _finish(event: StepEvent) -> StepEvent:
+    if event.error is not None:
+        event.error = _picklable(event.error)
+    return event
