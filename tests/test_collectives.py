@@ -156,7 +156,10 @@ class TestAllReduce:
             return {n for n in os.listdir("/dev/shm") if n.startswith("labdist-")}
         before = ours()
         with ld.MirroredStrategy(num_replicas=2) as s:
-            s.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(300_000)))
+            def step():
+                ctx = ld.get_replica_context()
+                return ctx.all_reduce("SUM", ctx.xp.ones(300_000))
+            s.run(step)
             assert len(ours() - before) >= 4  # a probe and an area per replica
         assert ours() - before == set()
 
