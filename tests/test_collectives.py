@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import socket
+import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -131,7 +134,8 @@ class TestAllReduce:
         from labdist.worker import lane
 
         handled = []
-        server = lane.LaneServer("127.0.0.1", lambda request: handled.append(request) or "ok")
+        server = lane.LaneServer(
+            "127.0.0.1", lambda raw: handled.append(pickle.loads(raw)) or "ok")
         try:
             with socket.create_connection(server.address, timeout=5) as sock:
                 lane.send_message(sock, b"not-the-token")
@@ -394,6 +398,15 @@ class TestRun:
         with pytest.raises(error, match=match):
             call(mirrored2)
         assert mirrored2.experimental_local_results(mirrored2.run(lambda: 3)) == (3, 3)
+
+    def test_arguments_the_workers_cannot_import(self, mirrored2, monkeypatch):
+        module = types.ModuleType("only_on_the_driver")
+        exec("class Thing:\n    pass", module.__dict__)
+        monkeypatch.setitem(sys.modules, "only_on_the_driver", module)
+        with pytest.raises(ModuleNotFoundError, match="only_on_the_driver") as info:
+            mirrored2.run(lambda thing: 1, args=(module.Thing(),))
+        assert any("replica" in note for note in info.value.__notes__)
+        assert mirrored2.experimental_local_results(mirrored2.run(lambda: 2)) == (2, 2)
 
     def test_closed_strategy(self):
         s = ld.OneDeviceStrategy(device="cpu")

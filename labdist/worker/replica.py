@@ -242,17 +242,22 @@ class Replica:
         self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
         return self._lane.address, self._lane.token
 
-    def _lane_request(self, request: tuple) -> StepEvent:
+    def _lane_request(self, raw: bytes) -> StepEvent:
         """A run or resume that came by the lane (on the lane's thread)."""
-        if request[0] == "run":
-            _, run_id, fn_bytes, args, kwargs = request
-            mailbox = getattr(self.core.comm, "mailbox", None)
-            if mailbox is not None:
-                self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
-            future = self.core.start(run_id, self._load(fn_bytes), args, kwargs)
-        else:
-            _, value, error = request
-            future = self.core.resume(value, error)
+        try:
+            request = pickle.loads(raw)
+            if request[0] == "run":
+                _, run_id, fn_bytes, args, kwargs = request
+                mailbox = getattr(self.core.comm, "mailbox", None)
+                if mailbox is not None:
+                    self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
+                future = self.core.start(run_id, self._load(fn_bytes), args, kwargs)
+            else:
+                _, value, error = request
+                future = self.core.resume(value, error)
+        except Exception as e:  # e.g. arguments this worker cannot import: the driver's error
+            return StepEvent("error", 0, error=_picklable(e),
+                             remote_traceback=traceback.format_exc())
         event = future.result()
         while (error := _unsendable(event)) is not None:
             event = self.core.resume(error=error).result()
