@@ -51,11 +51,11 @@ class StrictDeviceArray(NDArrayOperatorsMixin):
     nbytes = property(lambda self: self._a.nbytes)
     T = property(lambda self: StrictDeviceArray(self._a.T))
 
-    def __getitem__(self, index):
-        return _wrap(self._a[_unwrap(index, "__getitem__")])
+    def __getitem__(self, index):  # indices may be tuples of device arrays, as in cupy
+        return _wrap(self._a[_unwrap_tree(index, "__getitem__")])
 
     def __setitem__(self, index, value):
-        self._a[_unwrap(index, "__setitem__")] = _unwrap(value, "__setitem__")
+        self._a[_unwrap_tree(index, "__setitem__")] = _unwrap(value, "__setitem__")
 
     def __len__(self) -> int:
         return len(self._a)

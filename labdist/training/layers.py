@@ -1,0 +1,81 @@
+"""Layers as small objects with pure forward/backward functions over explicit parameters.
+
+`build(input_dim, rng)` returns the initial parameters as host arrays (a model stores them in
+distributed variables); `forward(xp, params, x, training, rng)` returns the output and a cache;
+`backward(xp, params, cache, dy)` returns the input gradient and the parameter gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from labdist.training import activations
+
+
+class Dense:
+    """y = activation(x @ kernel + bias), with Keras' glorot-uniform kernel and zero bias."""
+
+    def __init__(self, units: int, activation: str | None = None,
+                 input_shape: tuple[int, ...] | None = None, use_bias: bool = True):
+        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
+            raise ValueError(f"units={units!r} must be a positive integer")
+        if input_shape is not None and (not isinstance(input_shape, tuple)
+                                        or len(input_shape) != 1):
+            raise ValueError(f"input_shape={input_shape!r} must be a 1-tuple like (64,)")
+        self.units = units
+        self.activation = activations.get(activation)
+        self.input_shape = input_shape
+        self.use_bias = use_bias
+
+    def build(self, input_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        limit = np.sqrt(6.0 / (input_dim + self.units))
+        params = {"kernel": rng.uniform(-limit, limit, (input_dim, self.units))
+                  .astype(np.float32)}
+        if self.use_bias:
+            params["bias"] = np.zeros(self.units, np.float32)
+        return params
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+        z = x @ params["kernel"]
+        if self.use_bias:
+            z = z + params["bias"]
+        a = self.activation.forward(xp, z)
+        return a, (x, z, a)
+
+    def backward(self, xp, params, cache, da):
+        x, z, a = cache
+        dz = self.activation.backward(xp, z, a, da)
+        grads = {"kernel": x.T @ dz}
+        if self.use_bias:
+            grads["bias"] = dz.sum(axis=0)
+        return dz @ params["kernel"].T, grads
+
+    def __repr__(self) -> str:
+        return f"Dense({self.units}, activation={self.activation.name!r})"
+
+
+class Dropout:
+    """Zeroes a fraction `rate` of inputs while training, scaling the rest by 1 / (1 - rate)."""
+
+    def __init__(self, rate: float):
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+            raise ValueError(f"rate={rate!r} must be a number in [0, 1)")
+        self.rate = float(rate)
+
+    def build(self, input_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {}
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+        if not training or self.rate == 0:
+            return x, None
+        draw = (rng or xp.random).random(x.shape)
+        mask = (draw >= self.rate).astype(x.dtype) / (1 - self.rate)
+        return x * mask, mask
+
+    def backward(self, xp, params, cache, dy):
+        return (dy if cache is None else dy * cache), {}
+
+    def __repr__(self) -> str:
+        return f"Dropout({self.rate})"

@@ -1,0 +1,99 @@
+"""Optimizers with Keras' update rules, applied in place to one parameter at a time.
+
+`slots(param)` makes the optimizer's state for a parameter (host arrays, stored by the model);
+`apply(xp, param, grad, slots, step)` updates `param` and `slots` in place; `step` counts
+updates from 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name}={value!r} must be a positive number")
+    return float(value)
+
+
+def _fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
+    return float(value)
+
+
+class SGD:
+    """v = momentum * v - lr * g; w += v (Nesterov: w += momentum * v - lr * g)."""
+
+    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0,
+                 nesterov: bool = False):
+        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.momentum = _fraction("momentum", momentum)
+        self.nesterov = bool(nesterov)
+
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        return {"velocity": np.zeros_like(param)} if self.momentum else {}
+
+    def apply(self, xp, param, grad, slots, step: int) -> None:
+        lr = self.learning_rate
+        if not self.momentum:
+            param -= lr * grad
+            return
+        v = slots["velocity"]
+        v *= self.momentum
+        v -= lr * grad
+        param += (self.momentum * v - lr * grad) if self.nesterov else v
+
+
+class Adagrad:
+    """acc += g^2; w -= lr * g / (sqrt(acc) + epsilon)."""
+
+    def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
+                 epsilon: float = 1e-7):
+        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.initial_accumulator_value = float(initial_accumulator_value)
+        self.epsilon = _positive("epsilon", epsilon)
+
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        return {"accumulator": np.full_like(param, self.initial_accumulator_value)}
+
+    def apply(self, xp, param, grad, slots, step: int) -> None:
+        acc = slots["accumulator"]
+        acc += grad * grad
+        param -= self.learning_rate * grad / (xp.sqrt(acc) + self.epsilon)
+
+
+class Adam:
+    """Keras' Adam: m, v moving averages; bias correction folded into the step size."""
+
+    def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-7):
+        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.beta_1 = _fraction("beta_1", beta_1)
+        self.beta_2 = _fraction("beta_2", beta_2)
+        self.epsilon = _positive("epsilon", epsilon)
+
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        return {"m": np.zeros_like(param), "v": np.zeros_like(param)}
+
+    def apply(self, xp, param, grad, slots, step: int) -> None:
+        b1, b2 = self.beta_1, self.beta_2
+        alpha = self.learning_rate * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+        m, v = slots["m"], slots["v"]
+        m += (grad - m) * (1 - b1)
+        v += (grad * grad - v) * (1 - b2)
+        param -= alpha * m / (xp.sqrt(v) + self.epsilon)
+
+
+OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+
+
+def get(optimizer) -> SGD | Adagrad | Adam:
+    if isinstance(optimizer, SGD | Adagrad | Adam):
+        return optimizer
+    if isinstance(optimizer, str) and optimizer.lower() in OPTIMIZERS:
+        return OPTIMIZERS[optimizer.lower()]()
+    raise ValueError(f"optimizer={optimizer!r} is not supported; allowed: an optimizer object "
+                     f"or one of {', '.join(OPTIMIZERS)}")
