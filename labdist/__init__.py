@@ -1,5 +1,6 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
+from labdist import datasets
 from labdist.backend import to_host
 from labdist.context import (
     get_replica_context,
@@ -19,6 +20,8 @@ from labdist.errors import (
 )
 from labdist.input import batches
 from labdist.strategies import MirroredStrategy, OneDeviceStrategy, Strategy
+from labdist.training import layers, losses, optimizers
+from labdist.training import model as models
 from labdist.values import PerReplica, ValueContext
 from labdist.variables import Variable
 from labdist.worker.context import ReplicaContext
@@ -44,9 +47,14 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "batches",
+    "datasets",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "layers",
+    "losses",
+    "models",
+    "optimizers",
     "to_host",
 ]
