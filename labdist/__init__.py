@@ -20,6 +20,7 @@ from labdist.errors import (
 )
 from labdist.input import batches
 from labdist.strategies import MirroredStrategy, OneDeviceStrategy, Strategy
+from labdist.training import checkpoint as train
 from labdist.training import layers, losses, optimizers
 from labdist.training import model as models
 from labdist.values import PerReplica, ValueContext
@@ -57,4 +58,5 @@ __all__ = [
     "models",
     "optimizers",
     "to_host",
+    "train",
 ]

@@ -131,3 +131,36 @@ def test_fit_before_compile_and_foreign_layers(mirrored2):
         model.fit(np.zeros((4, 3)), np.zeros(4))
     with pytest.raises(TypeError, match="not a labdist layer"):
         ld.models.Sequential(["dense"])
+
+
+def test_checkpoint_restores_on_another_replica_count(mirrored2, mirrored3, tmp_path):
+    (x, y), (x_val, _) = ld.datasets.digits.load_data()
+    trained = mlp(mirrored2, ld.optimizers.Adam())
+    trained.fit(x[:512], y[:512], batch_size=64, epochs=1, verbose=0)
+    path = ld.train.Checkpoint(model=trained).save(tmp_path)
+    assert path.endswith("ckpt-8.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "ckpt-8.npz"]
+    restored = mlp(mirrored3, ld.optimizers.Adam(), seed=7)
+    ld.train.Checkpoint(model=restored).restore(tmp_path)
+    np.testing.assert_allclose(restored.predict(x_val, verbose=0),
+                               trained.predict(x_val, verbose=0), rtol=1e-5, atol=1e-6)
+    assert restored._iterations == 8
+    # training on from the checkpoint matches training on without one (Adam state included)
+    trained.fit(x[512:768], y[512:768], batch_size=64, epochs=1, shuffle=False, verbose=0)
+    restored.fit(x[512:768], y[512:768], batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(trained.get_weights(), restored.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_checkpoint_of_another_model_is_refused_whole(mirrored2, tmp_path):
+    small = mlp(mirrored2, "sgd")
+    ld.train.Checkpoint(model=small).save(tmp_path)
+    with mirrored2.scope():
+        other = ld.models.Sequential([ld.layers.Dense(3, input_shape=(64,))])
+        other.compile(loss="mse", optimizer="sgd")
+    before = other.get_weights()
+    with pytest.raises(ValueError, match="does not match this model"):
+        ld.train.Checkpoint(model=other).restore(tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights(), strict=True))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ld.train.Checkpoint(model=other).restore(tmp_path / "empty")

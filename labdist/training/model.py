@@ -92,6 +92,9 @@ class Sequential:
             raise RuntimeError("call model.compile(loss=..., optimizer=...) before fit/evaluate")
         if not self.built:
             self.build(x.shape[1])
+        self._ensure_slots()
+
+    def _ensure_slots(self) -> None:
         if not self._slots:
             with self._strategy.scope():  # optimizer state: each replica keeps its own
                 self._slots = [{k: {s: Variable(a, synchronization="NONE", trainable=False,
