@@ -25,3 +25,49 @@ class digits:
         cut = int(len(x) * (1 - test_split))
         train, test = order[:cut], order[cut:]
         return (x[train], y[train]), (x[test], y[test])
+
+
+class synthetic:
+    """Generated data whose replicas' shards can differ (non-identically distributed), for
+    drift experiments: with `skew > 0`, replica r's part of every global batch comes from
+    inputs shifted by `r * skew`. Keep the layout by fitting with `shuffle=False` and the same
+    `global_batch_size`."""
+
+    @staticmethod
+    def regression(n_samples: int = 1024, n_features: int = 4, noise: float = 0.1,
+                   num_replicas: int = 1, global_batch_size: int = 64, skew: float = 0.0,
+                   seed: int = 0):
+        """(x, y) with y = x @ w + b + noise (the true w, b are fixed by `seed`)."""
+        rng = np.random.default_rng(seed)
+        w, b = rng.normal(size=n_features), rng.normal()
+        x = _skewed_inputs(rng, n_samples, n_features, num_replicas, global_batch_size, skew)
+        y = x @ w + b + rng.normal(0, noise, n_samples)
+        return x.astype(np.float32), y.astype(np.float32)
+
+    @staticmethod
+    def classification(n_samples: int = 1024, n_features: int = 4, n_classes: int = 3,
+                       num_replicas: int = 1, global_batch_size: int = 64, skew: float = 0.0,
+                       seed: int = 0):
+        """(x, y) with labels from a fixed random linear map of x (argmax over classes)."""
+        rng = np.random.default_rng(seed)
+        w = rng.normal(size=(n_features, n_classes))
+        x = _skewed_inputs(rng, n_samples, n_features, num_replicas, global_batch_size, skew)
+        return x.astype(np.float32), (x @ w).argmax(axis=1).astype(np.int64)
+
+
+def _skewed_inputs(rng, n, d, num_replicas, global_batch_size, skew):
+    from labdist.input import split_sizes
+
+    for name, value in (("n_samples", n), ("n_features", d), ("num_replicas", num_replicas),
+                        ("global_batch_size", global_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    x = rng.normal(size=(n, d))
+    if skew:
+        for start in range(0, n, global_batch_size):
+            size = min(global_batch_size, n - start)
+            offset = start
+            for r, k in enumerate(split_sizes(size, num_replicas)):
+                x[offset:offset + k] += r * skew
+                offset += k
+    return x

@@ -164,3 +164,15 @@ def test_checkpoint_of_another_model_is_refused_whole(mirrored2, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights(), strict=True))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         ld.train.Checkpoint(model=other).restore(tmp_path / "empty")
+
+
+def test_skewed_synthetic_data_gives_each_replica_its_own_shift(mirrored2):
+    x, y = ld.datasets.synthetic.regression(n_samples=256, num_replicas=2,
+                                            global_batch_size=64, skew=3.0)
+    dist = mirrored2.experimental_distribute_dataset(ld.batches((x, y), 64))
+    means = [[float(np.mean(part)) for part in bx] for bx, _ in dist]
+    assert all(m1 - m0 > 2 for m0, m1 in means)  # replica 1's inputs sit ~3 higher
+    xc, yc = ld.datasets.synthetic.classification(n_samples=100, n_classes=4)
+    assert xc.shape == (100, 4) and set(np.unique(yc)) <= {0, 1, 2, 3}
+    with pytest.raises(ValueError, match="num_replicas=0"):
+        ld.datasets.synthetic.regression(num_replicas=0)
