@@ -19,7 +19,12 @@ from labdist.errors import (
     ReplicaLostError,
 )
 from labdist.input import batches
-from labdist.strategies import MirroredStrategy, OneDeviceStrategy, Strategy
+from labdist.strategies import (
+    MirroredStrategy,
+    MultiWorkerMirroredStrategy,
+    OneDeviceStrategy,
+    Strategy,
+)
 from labdist.training import checkpoint as train
 from labdist.training import layers, losses, optimizers
 from labdist.training import model as models
@@ -35,6 +40,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "LabdistError",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
     "PeerAbortedError",
     "PerReplica",

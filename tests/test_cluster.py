@@ -369,3 +369,35 @@ def test_bad_arguments_name_the_parameter_and_value(kwargs, error, names):
         ld.MirroredStrategy(**kwargs)
     assert names in str(info.value)
     assert time.monotonic() - t0 < 5  # rejected before any cluster is started
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("communication", ["auto", "ring"])
+def test_multi_worker_training_on_the_cli_cluster(external, communication):
+    """The seed program, unchanged but for the strategy, against a `dask scheduler` address."""
+    (x, y), (x_val, y_val) = ld.datasets.digits.load_data()
+    strategy = ld.MultiWorkerMirroredStrategy(cluster=external.address,
+                                              communication=communication, connect_timeout=20)
+    try:
+        assert strategy.num_replicas_in_sync == 2
+        assert strategy.transport == ("tcp" if communication == "ring" else "shm")
+        with strategy.scope():
+            model = ld.models.Sequential([
+                ld.layers.Dense(512, activation="relu", input_shape=(64,)),
+                ld.layers.Dropout(0.2),
+                ld.layers.Dense(10, activation="softmax")])
+            model.compile(loss="sparse_categorical_crossentropy",
+                          optimizer=ld.optimizers.Adam(), metrics=["accuracy"])
+        history = model.fit(x, y, epochs=8, batch_size=64, validation_data=(x_val, y_val),
+                            verbose=0)
+        assert history.history["val_accuracy"][-1] >= 0.95
+    finally:
+        strategy.close()
+    assert external.alive()
+
+
+def test_multi_worker_bad_communication():
+    with pytest.raises(ValueError, match="communication='mpi'.*auto, ring, nccl"):
+        ld.MultiWorkerMirroredStrategy(communication="mpi")
+    with pytest.raises(NotImplementedError, match="nccl"):
+        ld.MultiWorkerMirroredStrategy(communication="nccl")

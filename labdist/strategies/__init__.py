@@ -2,6 +2,13 @@
 
 from labdist.strategies.base import Strategy, StrategyExtended
 from labdist.strategies.mirrored import MirroredStrategy
+from labdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from labdist.strategies.one_device import OneDeviceStrategy
 
-__all__ = ["MirroredStrategy", "OneDeviceStrategy", "Strategy", "StrategyExtended"]
+__all__ = [
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "OneDeviceStrategy",
+    "Strategy",
+    "StrategyExtended",
+]

@@ -1,0 +1,35 @@
+"""MultiWorkerMirroredStrategy: the mirrored strategy over every worker of an existing cluster,
+possibly on many hosts (tf.distribute's name for it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labdist.strategies.mirrored import MirroredStrategy
+
+COMMUNICATIONS = ("auto", "ring", "nccl")
+
+
+class MultiWorkerMirroredStrategy(MirroredStrategy):
+    """One replica per worker of `cluster` (a scheduler address, a Client or a cluster object).
+
+    communication: "auto" (shared memory among replicas on one host, else Dask comms),
+    "ring" (Dask comms only: reduce-scatter + all-gather between workers), or "nccl" (GPU
+    replicas; not available yet).
+    """
+
+    def __init__(self, cluster: Any = None, communication: str = "auto", *,
+                 num_replicas: int | None = None, device: str = "auto",
+                 collective_timeout: float = 30.0, connect_timeout: float = 10.0,
+                 security: Any = None):
+        if communication not in COMMUNICATIONS:
+            raise ValueError(f"communication={communication!r} is not supported; allowed: "
+                             f"{', '.join(COMMUNICATIONS)}")
+        if communication == "nccl":
+            raise NotImplementedError(
+                "communication='nccl' (GPU all-reduce through cupy.cuda.nccl) is not "
+                "implemented yet; use 'auto', which moves GPU replicas' data through the host")
+        super().__init__(num_replicas=num_replicas, cluster=cluster, device=device,
+                         collective_timeout=collective_timeout,
+                         connect_timeout=connect_timeout, security=security,
+                         transport="tcp" if communication == "ring" else "auto")
