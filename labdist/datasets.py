@@ -1,8 +1,18 @@
-"""Small datasets that work offline, in Keras' `load_data()` shape."""
+"""Small datasets in Keras' `load_data()` shape: digits (offline, inside scikit-learn), MNIST
+(downloaded once and cached; fails fast and clearly offline), and synthetic data."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import numpy as np
+
+MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
+MNIST_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 class digits:
@@ -25,6 +35,48 @@ class digits:
         cut = int(len(x) * (1 - test_split))
         train, test = order[:cut], order[cut:]
         return (x[train], y[train]), (x[test], y[test])
+
+
+class mnist:
+    """MNIST as Keras ships it (uint8 28x28 images), cached under $LABDIST_DATA or
+    ~/.labdist/datasets."""
+
+    @staticmethod
+    def load_data(path: str | os.PathLike | None = None, url: str | None = None,
+                  timeout: float = 10.0):
+        """((x_train, y_train), (x_test, y_test)). `path`: an mnist.npz to use (else the
+        cache, downloading it there on first use)."""
+        target = Path(path) if path is not None else _cache_dir() / "mnist.npz"
+        if not target.exists():
+            if path is not None:
+                raise FileNotFoundError(f"path={str(path)!r} does not exist")
+            _download(url or MNIST_URL, target, timeout)
+        with np.load(target, allow_pickle=False) as data:
+            missing = [k for k in MNIST_KEYS if k not in data.files]
+            if missing:
+                raise ValueError(f"{str(target)!r} is not an MNIST file: missing {missing}")
+            x_train, y_train, x_test, y_test = (data[k] for k in MNIST_KEYS)
+        return (x_train, y_train), (x_test, y_test)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("LABDIST_DATA", Path.home() / ".labdist" / "datasets"))
+
+
+def _download(url: str, target: Path, timeout: float) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            payload = response.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise ConnectionError(
+            f"could not download MNIST from {url} ({getattr(e, 'reason', e)}); this machine "
+            f"may be offline. Put mnist.npz at {str(target)!r} (or pass path=), or use "
+            "ld.datasets.digits, which works offline.") from None
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".mnist.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
+    os.replace(tmp, target)  # atomic: a half-written download is never taken for the data
 
 
 class synthetic:

@@ -176,3 +176,30 @@ def test_skewed_synthetic_data_gives_each_replica_its_own_shift(mirrored2):
     assert xc.shape == (100, 4) and set(np.unique(yc)) <= {0, 1, 2, 3}
     with pytest.raises(ValueError, match="num_replicas=0"):
         ld.datasets.synthetic.regression(num_replicas=0)
+
+
+def test_mnist_fails_fast_offline_and_loads_from_the_cache(tmp_path, monkeypatch):
+    import socket
+    import time as clock
+
+    monkeypatch.setenv("LABDIST_DATA", str(tmp_path / "cache"))
+    with socket.socket() as s:  # a local port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = clock.monotonic()
+    with pytest.raises(ConnectionError, match="could not download MNIST.*digits"):
+        ld.datasets.mnist.load_data(url=f"http://127.0.0.1:{port}/mnist.npz", timeout=2)
+    assert clock.monotonic() - start < 5
+    assert not (tmp_path / "cache" / "mnist.npz").exists()
+    rng = np.random.default_rng(0)  # a small stand-in with MNIST's layout
+    arrays = {"x_train": rng.integers(0, 255, (6, 28, 28), dtype=np.uint8),
+              "y_train": np.arange(6), "x_test": rng.integers(0, 255, (2, 28, 28),
+                                                              dtype=np.uint8),
+              "y_test": np.arange(2)}
+    np.savez(tmp_path / "cache" / "mnist.npz", **arrays)
+    (x, y), (xt, yt) = ld.datasets.mnist.load_data()
+    assert x.shape == (6, 28, 28) and x.dtype == np.uint8 and list(yt) == [0, 1]
+    assert list(y) == list(range(6)) and np.array_equal(xt, arrays["x_test"])
+    np.savez(tmp_path / "bad.npz", x=np.zeros(1))
+    with pytest.raises(ValueError, match="not an MNIST file"):
+        ld.datasets.mnist.load_data(path=tmp_path / "bad.npz")
