@@ -25,8 +25,8 @@ from labdist.strategies import (
     OneDeviceStrategy,
     Strategy,
 )
+from labdist.training import callbacks, layers, losses, optimizers
 from labdist.training import checkpoint as train
-from labdist.training import layers, losses, optimizers
 from labdist.training import model as models
 from labdist.values import PerReplica, ValueContext
 from labdist.variables import Variable
@@ -54,6 +54,7 @@ __all__ = [
     "VariableAggregation",
     "VariableSynchronization",
     "batches",
+    "callbacks",
     "datasets",
     "get_replica_context",
     "get_strategy",

@@ -82,6 +82,7 @@ class DaskReplicaGroup:
                  transport: str = "auto"):
         self._owned_cluster = None
         self._closed = False
+        self._settings = (device, collective_timeout, connect_timeout, security, transport)
         if cluster is None:
             n = num_replicas or (gpu_count() or 2)
             self._owned_cluster = cluster = start_local_cluster(n)
@@ -139,6 +140,24 @@ class DaskReplicaGroup:
                 lane.close()
             return None
         return lanes
+
+    def lost_replicas(self) -> list[int]:
+        return [r for r in range(len(self.workers)) if self._lost(r)]
+
+    def reform(self, num_replicas: int) -> DaskReplicaGroup:
+        """A new group on the workers present now (at most `num_replicas`), which takes over
+        what this one owns (client, embedded cluster); this one is closed."""
+        device, timeout, connect_timeout, security, transport = self._settings
+        new = DaskReplicaGroup(None, self.client, device, timeout, connect_timeout, security,
+                               transport)
+        if new.num_replicas > num_replicas:
+            new.close()
+            new = DaskReplicaGroup(num_replicas, self.client, device, timeout,
+                                   connect_timeout, security, transport)
+        new._owned_cluster, self._owned_cluster = self._owned_cluster, None
+        new._owns_client, self._owns_client = self._owns_client, False
+        self.close()
+        return new
 
     @property
     def num_replicas(self) -> int:

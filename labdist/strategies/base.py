@@ -39,6 +39,7 @@ class Strategy:
         self._group = group
         self._run_ids = itertools.count(1)
         self._closed = False
+        self._variable_ids: list[int] = []
         self.extended = StrategyExtended(self)
         context.register(self)
 
@@ -250,6 +251,20 @@ class Strategy:
     def _create_variable(self, var_id: int, host: np.ndarray) -> None:
         self._check_open()
         self._group.create(var_id, host)
+        self._variable_ids.append(var_id)
+
+    def _recover(self) -> bool:
+        """After a lost worker: re-form the replicas on the workers present, each variable
+        taking a surviving replica's copy. Returns False when nothing was lost."""
+        lost = getattr(self._group, "lost_replicas", list)()
+        if not lost:
+            return False
+        survivor = next(r for r in range(self.num_replicas_in_sync) if r not in lost)
+        values = {i: self._group.read(i, [survivor])[0] for i in self._variable_ids}
+        self._group = self._group.reform(self.num_replicas_in_sync)
+        for var_id, host in values.items():
+            self._group.create(var_id, host)
+        return True
 
     def _read_variable(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
         self._check_open()

@@ -105,16 +105,17 @@ class Sequential:
     # -- training -----------------------------------------------------------------------------
     def fit(self, x, y, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
             callbacks: Sequence[Any] = (), validation_data: tuple | None = None,
-            shuffle: bool = True) -> History:
+            shuffle: bool = True, initial_epoch: int = 0) -> History:
         x, y = _arrays(x, y)
-        self._ensure_ready(x)
         _positive_int("epochs", epochs)
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
         history = History()
         for cb in callbacks:
+            _call(cb, "set_model", self)
             _call(cb, "on_train_begin")
-        for epoch in range(epochs):
+        self._ensure_ready(x)
+        for epoch in range(max(initial_epoch, getattr(self, "_resume_epoch", 0)), epochs):
             start = time.perf_counter()
             loss_sum = correct = seen = 0.0
             groups = _chunks(list(batches), self._steps_per_execution)

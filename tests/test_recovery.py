@@ -1,0 +1,56 @@
+"""A worker killed during `fit`: a clear error naming it, then `fit` again with
+BackupAndRestore resumes from the last finished epoch on the workers present (DESIGN.md,
+Reliability; issue 3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import labdist as ld
+
+
+class KillWorkerAfterEpoch(ld.callbacks.Callback):
+    def __init__(self, epoch: int, pid: int):
+        self.epoch, self.pid, self.fired = epoch, pid, False
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch and not self.fired:
+            self.fired = True
+            os.kill(self.pid, signal.SIGKILL)
+            time.sleep(0.5)
+
+
+def test_fit_resumes_after_a_killed_worker(tmp_path):
+    (x, y), (x_val, y_val) = ld.datasets.digits.load_data()
+    with ld.MirroredStrategy(num_replicas=2, collective_timeout=20) as strategy:
+        with strategy.scope():
+            model = ld.models.Sequential([
+                ld.layers.Dense(256, activation="relu", input_shape=(64,)),
+                ld.layers.Dense(10, activation="softmax")])
+            model.compile(loss="sparse_categorical_crossentropy",
+                          optimizer=ld.optimizers.Adam(), metrics=["accuracy"])
+        pids = strategy.experimental_local_results(strategy.run(os.getpid))
+        lost = strategy.workers[1]
+        backup = ld.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        killer = KillWorkerAfterEpoch(1, pids[1])  # after epoch 1's backup is written
+        with pytest.raises(ld.ReplicaLostError, match=lost.replace(".", r"\.")):
+            model.fit(x, y, epochs=6, batch_size=64, verbose=0, callbacks=[backup, killer])
+        assert (tmp_path / "backup" / "checkpoint").exists()
+        saved = np.load(tmp_path / "backup" / (tmp_path / "backup" / "checkpoint")
+                        .read_text())["weight/dense_0/kernel"]
+
+        history = model.fit(x, y, epochs=6, batch_size=64, verbose=0,
+                            validation_data=(x_val, y_val), callbacks=[backup, killer])
+        assert history.epoch == [2, 3, 4, 5]  # resumed after the last finished epoch
+        assert lost not in strategy.workers and strategy.num_replicas_in_sync >= 1
+        assert history.history["val_accuracy"][-1] >= 0.95
+        assert not (tmp_path / "backup").exists()  # a completed fit removes its backup
+        assert not np.array_equal(saved, model.get_weights()[0])
+        for v in (v for w in model._weights for v in w.values()):  # copies agree again
+            copies = strategy.experimental_local_results(v)
+            assert all(np.array_equal(copies[0], c) for c in copies[1:])
