@@ -144,13 +144,16 @@ class DaskReplicaGroup:
     def lost_replicas(self) -> list[int]:
         return [r for r in range(len(self.workers)) if self._lost(r)]
 
-    def reform(self, num_replicas: int) -> DaskReplicaGroup:
+    def present_workers(self) -> list[str]:
+        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def reform(self, num_replicas: int | None = None) -> DaskReplicaGroup:
         """A new group on the workers present now (at most `num_replicas`), which takes over
         what this one owns (client, embedded cluster); this one is closed."""
         device, timeout, connect_timeout, security, transport = self._settings
         new = DaskReplicaGroup(None, self.client, device, timeout, connect_timeout, security,
                                transport)
-        if new.num_replicas > num_replicas:
+        if num_replicas is not None and new.num_replicas > num_replicas:
             new.close()
             new = DaskReplicaGroup(num_replicas, self.client, device, timeout,
                                    connect_timeout, security, transport)

@@ -401,3 +401,36 @@ def test_multi_worker_bad_communication():
         ld.MultiWorkerMirroredStrategy(communication="mpi")
     with pytest.raises(NotImplementedError, match="nccl"):
         ld.MultiWorkerMirroredStrategy(communication="nccl")
+
+
+@pytest.mark.cluster
+def test_multi_worker_uses_the_workers_present_at_each_fit(external):
+    (x, y), _ = ld.datasets.digits.load_data()
+    x, y = x[:600], y[:600]
+    strategy = ld.MultiWorkerMirroredStrategy(cluster=external.address, connect_timeout=20)
+    third = subprocess.Popen([DASK, "worker", external.address, "--host", "127.0.0.1",
+                              "--nthreads", "1", "--no-dashboard", "--death-timeout", "60s"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        with strategy.scope():
+            model = ld.models.Sequential([ld.layers.Dense(32, activation="relu",
+                                                          input_shape=(64,)),
+                                          ld.layers.Dense(10, activation="softmax")])
+            model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
+        assert _wait_until(lambda: len(_workers_of(external.address)) == 3, timeout=60)
+        model.fit(x, y, batch_size=60, epochs=1, verbose=0)  # a worker joined: 3 replicas
+        assert strategy.num_replicas_in_sync == 3
+        before = model.get_weights()
+        _stop([third])
+        assert _wait_until(lambda: len(_workers_of(external.address)) == 2, timeout=60)
+        assert strategy.refresh() and strategy.num_replicas_in_sync == 2  # one left
+        assert sorted(strategy.workers) == external.workers
+        assert all(np.array_equal(a, b)
+                   for a, b in zip(before, model.get_weights(), strict=True))  # values kept
+        history = model.fit(x, y, batch_size=60, epochs=1, verbose=0)
+        assert history.history["loss"][0] > 0 and not strategy.refresh()
+    finally:
+        strategy.close()
+        _stop([third])
+    assert external.alive()

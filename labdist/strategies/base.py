@@ -19,7 +19,7 @@ import numpy as np
 
 from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
-from labdist.errors import CollectiveMismatchError, PeerAbortedError
+from labdist.errors import CollectiveMismatchError, PeerAbortedError, ReplicaLostError
 from labdist.input import DistributedDataset
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext
@@ -256,15 +256,24 @@ class Strategy:
     def _recover(self) -> bool:
         """After a lost worker: re-form the replicas on the workers present, each variable
         taking a surviving replica's copy. Returns False when nothing was lost."""
-        lost = getattr(self._group, "lost_replicas", list)()
-        if not lost:
+        if not getattr(self._group, "lost_replicas", list)():
             return False
-        survivor = next(r for r in range(self.num_replicas_in_sync) if r not in lost)
-        values = {i: self._group.read(i, [survivor])[0] for i in self._variable_ids}
-        self._group = self._group.reform(self.num_replicas_in_sync)
+        self._reform(self.num_replicas_in_sync)
+        return True
+
+    def _reform(self, num_replicas: int | None) -> None:
+        group = self._group
+        present = set(group.present_workers())
+        lost = set(group.lost_replicas())
+        alive = [r for r in range(group.num_replicas)
+                 if r not in lost and group.workers[r] in present]
+        if not alive:
+            raise ReplicaLostError("every replica was lost: nothing to carry over; restore "
+                                   "from a checkpoint into a new strategy")
+        values = {i: group.read(i, [alive[0]])[0] for i in self._variable_ids}
+        self._group = group.reform(num_replicas)
         for var_id, host in values.items():
             self._group.create(var_id, host)
-        return True
 
     def _read_variable(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
         self._check_open()

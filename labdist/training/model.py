@@ -111,6 +111,9 @@ class Sequential:
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
         history = History()
+        refresh = getattr(self._strategy, "refresh", None)
+        if refresh is not None:  # multi-worker: train on the workers present now
+            refresh()
         for cb in callbacks:
             _call(cb, "set_model", self)
             _call(cb, "on_train_begin")
