@@ -33,8 +33,8 @@ def numpy_steps_per_s(x: np.ndarray, y: np.ndarray, batch: int, steps: int) -> f
         h, c0 = net[0].forward(np, params[0], bx)
         p, c1 = net[1].forward(np, params[1], h)
         dz = losses.fused_softmax_grad(np, by, p)
-        g1 = {"kernel": c1[0].T @ dz, "bias": dz.sum(axis=0)}
-        _, g0 = net[0].backward(np, params[0], c0, dz @ params[1]["kernel"].T)
+        dh, g1 = net[1].backward_linear(np, params[1], c1[0], dz)
+        _, g0 = net[0].backward(np, params[0], c0, dh)
         for p_, g_ in zip(params, (g0, g1), strict=True):
             for k in p_:
                 opt.apply(np, p_[k], g_[k], {}, i + 1)

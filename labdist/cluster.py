@@ -151,12 +151,10 @@ class DaskReplicaGroup:
         """A new group on the workers present now (at most `num_replicas`), which takes over
         what this one owns (client, embedded cluster); this one is closed."""
         device, timeout, connect_timeout, security, transport = self._settings
-        new = DaskReplicaGroup(None, self.client, device, timeout, connect_timeout, security,
-                               transport)
-        if num_replicas is not None and new.num_replicas > num_replicas:
-            new.close()
-            new = DaskReplicaGroup(num_replicas, self.client, device, timeout,
-                                   connect_timeout, security, transport)
+        if num_replicas is not None:
+            num_replicas = min(num_replicas, len(self.present_workers())) or None
+        new = DaskReplicaGroup(num_replicas, self.client, device, timeout, connect_timeout,
+                               security, transport)
         new._owned_cluster, self._owned_cluster = self._owned_cluster, None
         new._owns_client, self._owns_client = self._owns_client, False
         self.close()
@@ -251,9 +249,7 @@ class DaskReplicaGroup:
             if timed_out and events:
                 news = [r for r in events if r not in announced]
                 announced.update(news)
-                await asyncio.gather(*(
-                    self._call(tasks[t], "peer_state", run_id, r, *_state(events[r]))
-                    for t in pending for r in news), return_exceptions=True)
+                await self._announce(run_id, news, events, [tasks[t] for t in pending])
         return [events[r] for r in ranks]
 
     # -- the replica-group protocol --------------------------------------------------------------

@@ -46,7 +46,10 @@ class Dense:
 
     def backward(self, xp, params, cache, da):
         x, z, a = cache
-        dz = self.activation.backward(xp, z, a, da)
+        return self.backward_linear(xp, params, x, self.activation.backward(xp, z, a, da))
+
+    def backward_linear(self, xp, params, x, dz):
+        """From the gradient of the pre-activation `dz` (e.g. softmax + cross-entropy fused)."""
         grads = {"kernel": x.T @ dz}
         if self.use_bias:
             grads["bias"] = dz.sum(axis=0)

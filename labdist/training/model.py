@@ -265,11 +265,7 @@ def _gradients(xp, layers, params, loss, x, y, rng, local, total):
     scale = local / total
     if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
         dz = losses.fused_softmax_grad(xp, y, h) * scale
-        x_in = caches[-1][0]
-        grads[-1] = {"kernel": x_in.T @ dz}
-        if last.use_bias:
-            grads[-1]["bias"] = dz.sum(axis=0)
-        dh = dz @ params[-1]["kernel"].T
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz)
         start -= 1
     else:
         dh = dh * scale
