@@ -6,8 +6,6 @@ the gradient of the global batch's mean loss) and apply the optimizer to their o
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +15,7 @@ from labdist import context
 from labdist.input import Batches, split_sizes
 from labdist.training import layers as layers_mod
 from labdist.training import losses, optimizers
+from labdist.training.progress import ProgressBar, check_verbose
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -108,6 +107,7 @@ class Sequential:
             shuffle: bool = True, initial_epoch: int = 0) -> History:
         x, y = _arrays(x, y)
         _positive_int("epochs", epochs)
+        verbose = check_verbose(verbose)
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
         history = History()
@@ -119,15 +119,15 @@ class Sequential:
             _call(cb, "on_train_begin")
         self._ensure_ready(x)
         for epoch in range(max(initial_epoch, getattr(self, "_resume_epoch", 0)), epochs):
-            start = time.perf_counter()
             loss_sum = correct = seen = 0.0
             groups = _chunks(list(batches), self._steps_per_execution)
-            for done, group in enumerate(groups, start=1):
+            bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
+            done = 0
+            for group in groups:
                 for out_loss, out_correct, n in self._train_steps(group):
                     loss_sum, correct, seen = loss_sum + out_loss, correct + out_correct, seen + n
-                if verbose in ("auto", 1, True):
-                    _progress(epoch, epochs, done, len(groups), loss_sum / seen,
-                              correct / seen if self._metrics else None)
+                done += len(group)
+                bar.update(done, self._running_logs(loss_sum, correct, seen))
             logs = {"loss": loss_sum / seen}
             if self._metrics:
                 logs["accuracy"] = correct / seen
@@ -136,13 +136,18 @@ class Sequential:
                                     return_dict=True)
                 logs.update({f"val_{k}": v for k, v in val.items()})
             history._record(epoch, logs)
-            if verbose in ("auto", 1, True, 2):
-                _epoch_line(epoch, epochs, time.perf_counter() - start, logs)
+            bar.finish(logs)
             for cb in callbacks:
                 _call(cb, "on_epoch_end", epoch, logs)
         for cb in callbacks:
             _call(cb, "on_train_end")
         return history
+
+    def _running_logs(self, loss_sum: float, correct: float, seen: float) -> dict[str, float]:
+        logs = {"loss": loss_sum / seen}
+        if self._metrics:
+            logs["accuracy"] = correct / seen
+        return logs
 
     def _train_steps(self, group: list[tuple[np.ndarray, np.ndarray]]):
         """One strategy.run for a group of global batches; returns (loss sum, correct, n)."""
@@ -164,26 +169,34 @@ class Sequential:
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
                  return_dict: bool = False):
         x, y = _arrays(x, y)
+        verbose = check_verbose(verbose)
         self._ensure_ready(x)
-        loss_sum = correct = 0.0
-        for bx, by in Batches((x, y), _positive_int("batch_size", batch_size)):
+        loss_sum = correct = seen = 0.0
+        batches = Batches((x, y), _positive_int("batch_size", batch_size))
+        bar = ProgressBar("Evaluate", len(batches), verbose)
+        for done, (bx, by) in enumerate(batches, start=1):
             for r_loss, r_correct in self._run_forward(bx, by):
                 loss_sum, correct = loss_sum + r_loss, correct + r_correct
-        logs = {"loss": float(loss_sum) / len(x)}
-        if self._metrics:
-            logs["accuracy"] = float(correct) / len(x)
-        if verbose in ("auto", 1, True, 2):
-            print(" - ".join(f"{k}: {v:.4f}" for k, v in logs.items()))
+            seen += len(bx)
+            bar.update(done, self._running_logs(float(loss_sum), float(correct), seen))
+        logs = self._running_logs(float(loss_sum), float(correct), len(x))
+        bar.finish(logs)
         if return_dict:
             return logs
         return list(logs.values()) if len(logs) > 1 else logs["loss"]
 
     def predict(self, x, batch_size: int = 32, verbose: Any = "auto") -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
+        verbose = check_verbose(verbose)
         if not self.built:
             self.build(x.shape[1])
-        outs = [np.concatenate(self._run_forward(bx, None)) for bx in
-                Batches(x, _positive_int("batch_size", batch_size))]
+        batches = Batches(x, _positive_int("batch_size", batch_size))
+        bar = ProgressBar("Predict", len(batches), verbose)
+        outs = []
+        for done, bx in enumerate(batches, start=1):
+            outs.append(np.concatenate(self._run_forward(bx, None)))
+            bar.update(done, {})
+        bar.finish({})
         return np.concatenate(outs)
 
     def _run_forward(self, bx, by) -> list:
@@ -333,15 +346,3 @@ def _call(callback, hook: str, *args) -> None:
     method = getattr(callback, hook, None)
     if method is not None:
         method(*args)
-
-
-def _progress(epoch, epochs, done, total, loss, accuracy) -> None:
-    extra = f" - accuracy: {accuracy:.4f}" if accuracy is not None else ""
-    sys.stdout.write(f"\rEpoch {epoch + 1}/{epochs} {done}/{total} - loss: {loss:.4f}{extra}")
-    sys.stdout.flush()
-
-
-def _epoch_line(epoch, epochs, seconds, logs) -> None:
-    items = " - ".join(f"{k}: {v:.4f}" for k, v in logs.items())
-    sys.stdout.write(f"\rEpoch {epoch + 1}/{epochs} - {seconds:.1f}s - {items}\n")
-    sys.stdout.flush()
