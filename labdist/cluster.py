@@ -79,10 +79,11 @@ class DaskReplicaGroup:
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
                  collective_timeout: float, connect_timeout: float, security: Any = None,
-                 transport: str = "auto"):
+                 transport: str = "auto", device_collectives: str = "auto"):
         self._owned_cluster = None
         self._closed = False
-        self._settings = (device, collective_timeout, connect_timeout, security, transport)
+        self._settings = (device, collective_timeout, connect_timeout, security, transport,
+                          device_collectives)
         if cluster is None:
             n = num_replicas or (gpu_count() or 2)
             self._owned_cluster = cluster = start_local_cluster(n)
@@ -102,6 +103,7 @@ class DaskReplicaGroup:
             self._keys = [f.key for f in self._futures]
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
             self.transport = self._choose_transport(transport)
+            self.nccl = self._setup_nccl(device_collectives)
             self._lanes = self._open_lanes(transport, connect_timeout)
         except BaseException:
             self.close()  # stop whatever replicas started, release what we own
@@ -122,6 +124,24 @@ class DaskReplicaGroup:
                 "transport='shm' needs every replica on one host with a shared /dev/shm; "
                 "use transport='auto' or 'tcp'")
         return "shm" if ok else "tcp"
+
+    def _setup_nccl(self, mode: str) -> bool:
+        """NCCL among GPU replicas ("auto": when every replica can, "nccl": required, "host":
+        never); rank 0's unique id goes to every rank at once, as raft-dask bootstraps it."""
+        n = len(self.workers)
+        if mode == "host" or n == 1:
+            return False
+        ids = self._sync(self._all, "nccl_id", [()] * n)
+        if None in ids:
+            if mode == "nccl":
+                without = [self.workers[r] for r, uid in enumerate(ids) if uid is None]
+                raise ValueError(
+                    "communication='nccl' needs every replica on a GPU with NCCL "
+                    f"(cupy.cuda.nccl); these are not: {', '.join(without)}. Use "
+                    "communication='auto', which moves host replicas' data through the host")
+            return False
+        self._sync(self._all, "nccl_init", [(ids[0],)] * n)
+        return True
 
     def _open_lanes(self, transport: str, timeout: float) -> list[LaneClient] | None:
         """The fast lane for steps (worker/lane.py), unless told to use Dask comms only or
@@ -150,11 +170,9 @@ class DaskReplicaGroup:
     def reform(self, num_replicas: int | None = None) -> DaskReplicaGroup:
         """A new group on the workers present now (at most `num_replicas`), which takes over
         what this one owns (client, embedded cluster); this one is closed."""
-        device, timeout, connect_timeout, security, transport = self._settings
         if num_replicas is not None:
             num_replicas = min(num_replicas, len(self.present_workers())) or None
-        new = DaskReplicaGroup(num_replicas, self.client, device, timeout, connect_timeout,
-                               security, transport)
+        new = DaskReplicaGroup(num_replicas, self.client, *self._settings)
         new._owned_cluster, self._owned_cluster = self._owned_cluster, None
         new._owns_client, self._owns_client = self._owns_client, False
         self.close()

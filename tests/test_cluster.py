@@ -399,8 +399,23 @@ def test_multi_worker_training_on_the_cli_cluster(external, communication):
 def test_multi_worker_bad_communication():
     with pytest.raises(ValueError, match="communication='mpi'.*auto, ring, nccl"):
         ld.MultiWorkerMirroredStrategy(communication="mpi")
-    with pytest.raises(NotImplementedError, match="nccl"):
-        ld.MultiWorkerMirroredStrategy(communication="nccl")
+
+
+@pytest.mark.cluster
+def test_nccl_on_host_replicas_is_refused_naming_them(external):
+    """communication='nccl' needs GPU replicas: host ones are named, and nothing is left
+    behind (the next strategy on the same workers runs, with host all-reduces)."""
+    with pytest.raises(ValueError, match=r"communication='nccl' needs every replica on a GPU"
+                                         r".*tcp://127\.0\.0\.1:\d+"):
+        ld.MultiWorkerMirroredStrategy(cluster=external.address, communication="nccl",
+                                       device="cpu", connect_timeout=20)
+    with ld.MultiWorkerMirroredStrategy(cluster=external.address, device="cpu",
+                                        connect_timeout=20) as strategy:
+        assert not strategy.uses_nccl
+        out = strategy.run(lambda: ld.get_replica_context().all_reduce("SUM", 1.0))
+        n = strategy.num_replicas_in_sync
+        assert [float(v) for v in strategy.experimental_local_results(out)] == [n] * n
+    assert external.alive()
 
 
 @pytest.mark.cluster

@@ -413,3 +413,16 @@ class TestRun:
         s.close()
         with pytest.raises(RuntimeError, match="closed"):
             s.run(lambda: 1)
+
+
+def test_nccl_takes_only_what_it_reduces_like_the_host_path():
+    """The NCCL path must give the host path's result dtypes: integer MEANs (float64 on the
+    host) and dtypes NCCL lacks (bool, complex) stay on the host path."""
+    from labdist.collectives.nccl import supports
+
+    f32, i32 = np.zeros(3, np.float32), np.zeros(3, np.int32)
+    assert supports([f32, i32], "sum") and supports([f32], "mean") and supports([i32], "first")
+    assert not supports([i32], "mean")
+    assert not supports([np.zeros(2, bool)], "sum")
+    assert not supports([np.zeros(2, np.complex64)], "sum")
+    assert not supports([], "sum") and not supports([f32], "max")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.collectives.nccl import supports
 from labdist.errors import CollectiveMismatchError
 
 OPS = ("sum", "mean", "first")
@@ -77,6 +78,11 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: str, backend) -
     """Reduce each array across replicas with `op` in OPS; returns arrays of `backend`."""
     if op not in OPS:
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {', '.join(OPS)}")
+    channel = getattr(comm, "nccl", None)
+    if channel is not None and backend.name == "cupy" and supports(arrays, op):
+        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then NCCL
+        check_signatures([s for s, _ in got], kind)
+        return channel.all_reduce(backend.xp, arrays, op)
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
     if comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES:

@@ -57,6 +57,7 @@ class PeerCommunicator(Communicator):
         self._loop = worker.loop.asyncio_loop
         self.run = 0
         self.shm = None  # a ShmChannel once the replicas know they share this host
+        self.nccl = None  # an NcclChannel when every replica computes on a GPU
 
     def start_run(self, run: int) -> None:
         self.run = run  # the Replica actor already cleared the mailbox, on the event loop

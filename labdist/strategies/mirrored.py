@@ -29,7 +29,7 @@ class MirroredStrategy(Strategy):
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
-                 transport: str = "auto"):
+                 transport: str = "auto", _device_collectives: str = "auto"):
         if num_replicas is not None and (
                 isinstance(num_replicas, bool) or not isinstance(num_replicas, int)
                 or num_replicas < 1):
@@ -46,7 +46,8 @@ class MirroredStrategy(Strategy):
         from labdist.cluster import DaskReplicaGroup
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
-                                          float(connect_timeout), security, transport))
+                                          float(connect_timeout), security, transport,
+                                          _device_collectives))
 
     @property
     def workers(self) -> list[str]:
@@ -57,6 +58,11 @@ class MirroredStrategy(Strategy):
     def transport(self) -> str:
         """"shm" or "tcp": how this strategy's large collectives move data."""
         return self._group.transport
+
+    @property
+    def uses_nccl(self) -> bool:
+        """Whether all-reduces of GPU replicas go through NCCL (else through the host)."""
+        return self._group.nccl
 
     @property
     def client(self):

@@ -14,8 +14,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     """One replica per worker of `cluster` (a scheduler address, a Client or a cluster object).
 
     communication: "auto" (shared memory among replicas on one host, else Dask comms),
-    "ring" (Dask comms only: reduce-scatter + all-gather between workers), or "nccl" (GPU
-    replicas; not available yet).
+    "ring" (Dask comms only: reduce-scatter + all-gather between workers), or "nccl" (every
+    replica on a GPU: all-reduce through NCCL; "auto" also picks NCCL when every replica can).
     """
 
     def __init__(self, cluster: Any = None, communication: str = "auto", *,
@@ -25,14 +25,11 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         if communication not in COMMUNICATIONS:
             raise ValueError(f"communication={communication!r} is not supported; allowed: "
                              f"{', '.join(COMMUNICATIONS)}")
-        if communication == "nccl":
-            raise NotImplementedError(
-                "communication='nccl' (GPU all-reduce through cupy.cuda.nccl) is not "
-                "implemented yet; use 'auto', which moves GPU replicas' data through the host")
         super().__init__(num_replicas=num_replicas, cluster=cluster, device=device,
                          collective_timeout=collective_timeout,
                          connect_timeout=connect_timeout, security=security,
-                         transport="tcp" if communication == "ring" else "auto")
+                         transport="tcp" if communication == "ring" else "auto",
+                         _device_collectives={"ring": "host"}.get(communication, communication))
         self._fixed_replicas = num_replicas
 
     def refresh(self) -> bool:

@@ -290,6 +290,21 @@ class Replica:
         self._shm.connect({r: path for r, (path, _) in peers.items()})
         return True
 
+    async def nccl_id(self) -> tuple | None:
+        """A NCCL unique id when this replica computes on a GPU with NCCL at hand, else None."""
+        from labdist.collectives import nccl
+
+        if self.core.backend.name != "cupy" or not hasattr(self.core.comm, "nccl"):
+            return None
+        return nccl.unique_id()
+
+    async def nccl_init(self, uid: tuple) -> None:
+        """Join the group's NCCL communicator (every rank at once; init blocks until all do)."""
+        from labdist.collectives.nccl import NcclChannel
+
+        channel = await asyncio.to_thread(NcclChannel, self.core.world, uid, self.core.rank)
+        self.core.comm.nccl = channel
+
     async def shm_use(self, use: bool) -> None:
         channel = getattr(self, "_shm", None)
         if use:
@@ -301,6 +316,10 @@ class Replica:
 
     async def close(self) -> None:
         await self.shm_use(False)
+        channel = getattr(self.core.comm, "nccl", None)
+        if channel is not None:
+            self.core.comm.nccl = None
+            channel.close()
         lane = getattr(self, "_lane", None)
         if lane is not None:
             lane.close()
