@@ -34,7 +34,7 @@ def numpy_steps_per_s(x: np.ndarray, y: np.ndarray, batch: int, steps: int) -> f
         p, c1 = net[1].forward(np, params[1], h)
         dz = losses.fused_softmax_grad(np, by, p)
         dh, g1 = net[1].backward_linear(np, params[1], c1[0], dz)
-        _, g0 = net[0].backward(np, params[0], c0, dh)
+        _, g0 = net[0].backward(np, params[0], c0, dh, input_grad=False)
         for p_, g_ in zip(params, (g0, g1), strict=True):
             for k in p_:
                 opt.apply(np, p_[k], g_[k], {}, i + 1)

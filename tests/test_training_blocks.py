@@ -168,3 +168,18 @@ def test_a_tiny_mlp_learns(device):
                 opt.apply(xp, layer_params[k], layer_grads[k], layer_slots[k], step)
     accuracy = float((to_host(p).argmax(axis=1) == y).mean())
     assert float(value) < first / 4 and accuracy > 0.95
+
+
+def test_first_layer_skips_the_input_gradient_but_not_its_own():
+    rng = np.random.default_rng(3)
+    layer = layers.Dense(4, activation="relu")
+    params = layer.build(3, rng)
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    _, cache = layer.forward(np, params, x, training=True)
+    da = rng.normal(size=(5, 4)).astype(np.float32)
+    dx, full = layer.backward(np, params, cache, da)
+    none, grads = layer.backward(np, params, cache, da, input_grad=False)
+    assert dx.shape == x.shape and none is None
+    for k in full:
+        np.testing.assert_array_equal(full[k], grads[k])
+    assert layers.Dropout(0.5).backward(np, {}, None, da, input_grad=False) == (None, {})

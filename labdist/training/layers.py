@@ -44,16 +44,19 @@ class Dense:
         a = self.activation.forward(xp, z)
         return a, (x, z, a)
 
-    def backward(self, xp, params, cache, da):
+    def backward(self, xp, params, cache, da, input_grad: bool = True):
+        """(d loss / d input, {name: d loss / d param}); the first layer of a model passes
+        input_grad=False and gets None instead of a gradient nobody uses (a whole matmul)."""
         x, z, a = cache
-        return self.backward_linear(xp, params, x, self.activation.backward(xp, z, a, da))
+        return self.backward_linear(xp, params, x, self.activation.backward(xp, z, a, da),
+                                    input_grad)
 
-    def backward_linear(self, xp, params, x, dz):
+    def backward_linear(self, xp, params, x, dz, input_grad: bool = True):
         """From the gradient of the pre-activation `dz` (e.g. softmax + cross-entropy fused)."""
         grads = {"kernel": x.T @ dz}
         if self.use_bias:
             grads["bias"] = dz.sum(axis=0)
-        return dz @ params["kernel"].T, grads
+        return (dz @ params["kernel"].T if input_grad else None), grads
 
     def __repr__(self) -> str:
         return f"Dense({self.units}, activation={self.activation.name!r})"
@@ -77,7 +80,9 @@ class Dropout:
         mask = (draw >= self.rate).astype(x.dtype) / (1 - self.rate)
         return x * mask, mask
 
-    def backward(self, xp, params, cache, dy):
+    def backward(self, xp, params, cache, dy, input_grad: bool = True):
+        if not input_grad:
+            return None, {}
         return (dy if cache is None else dy * cache), {}
 
     def __repr__(self) -> str:

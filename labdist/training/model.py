@@ -278,12 +278,12 @@ def _gradients(xp, layers, params, loss, x, y, rng, local, total):
     scale = local / total
     if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
         dz = losses.fused_softmax_grad(xp, y, h) * scale
-        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz)
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0)
         start -= 1
     else:
         dh = dh * scale
     for i in range(start, -1, -1):
-        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh)
+        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
     correct = (h.argmax(axis=1) == y.reshape(-1)).sum() if h.ndim == 2 and h.shape[1] > 1 else 0
     stats = xp.zeros(2, dtype=xp.float64)
     stats[0] = float(value) * local
