@@ -98,27 +98,77 @@ def _reduce_scatter_all_gather(comm, seq, kind, sig, host, op) -> list[np.ndarra
     """Large payloads: rank d reduces segment d of every array (reduce-scatter), then every
     rank gathers all reduced segments. Each rank moves 2 (N-1)/N of the data instead of N-1
     times it, and reduces 1/N of it; every element is still reduced once, in rank order."""
-    world, me = comm.world, comm.rank
     flats = [np.ascontiguousarray(a).reshape(-1) for a in host]
-    bounds = [np.linspace(0, f.size, world + 1).astype(int) for f in flats]
+    results = []
+    for f in flats:
+        dtype = combine(op, [f[:0]] * comm.world).dtype  # the MEAN of integers is float64
+        results.append(np.empty(f.size, dtype=dtype))
+
+    def reduce_into(i, lo, hi, parts):
+        combine(op, parts, out=results[i][lo:hi])  # straight into our segment
+    _segmented(comm, seq, kind, sig, flats, results, reduce_into)
+    return [r.reshape(a.shape) for r, a in zip(results, host, strict=True)]
+
+
+def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: list[Any],
+                         apply, backend) -> bool:
+    """Sum `arrays` across replicas; `apply(i, lo, hi, summed)` writes the flat segment
+    [lo, hi) of `targets[i]` from the summed segment (an optimizer step on those weights).
+
+    With large host payloads each rank applies only the segment it owns, then gathers the
+    others' updated segments of `targets`: every element is reduced and updated once in the
+    group, not once per replica (ZeRO-1's partitioned update), and the replicas end
+    bit-identical. Returns True in that case (state that `apply` touched outside `targets`,
+    like optimizer slots, is then current only in each rank's own segment; see
+    `gather_segments`); otherwise everyone all-reduces and applies everything (False).
+    """
+    flats = [a.reshape(-1) for a in arrays]
+    nbytes = sum(a.nbytes for a in arrays)
+    if comm.world == 1 or backend.name != "numpy" or nbytes < DIRECT_MAX_BYTES:
+        for i, summed in enumerate(all_reduce(comm, seq, kind, flats, "sum", backend)):
+            apply(i, 0, summed.size, summed)
+        return False
+    outs = [t.reshape(-1) for t in targets]
+
+    def reduce_into(i, lo, hi, parts):
+        apply(i, lo, hi, combine("sum", parts))
+    _segmented(comm, seq, kind, signature(kind, arrays), flats, outs, reduce_into)
+    return True
+
+
+def gather_segments(comm, seq: int, kind: str, arrays: list[np.ndarray]) -> None:
+    """Copy every other rank's segment of each (flat, host) array into ours, in place: the
+    all-gather half of a reduce-scatter, for state each rank updated only in its segment."""
+    _gather(comm, seq, kind, [a.reshape(-1) for a in arrays], phase=0)
+
+
+def _bounds(size: int, world: int) -> np.ndarray:
+    return np.linspace(0, size, world + 1).astype(int)
+
+
+def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:
+    """Reduce-scatter `flats` (reduce_into fills this rank's segment of each of `outs`), then
+    all-gather the segments of `outs`."""
+    me = comm.rank
+    bounds = [_bounds(f.size, comm.world) for f in flats]
     outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
-                for d in range(world)]
+                for d in range(comm.world)]
     got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
     check_signatures([s for s, _ in got], kind)
-    results, mine = [], []
-    for i, (f, b) in enumerate(zip(flats, bounds, strict=True)):
-        parts = [payload[i] for _, payload in got]
-        dtype = combine(op, [p[:0] for p in parts]).dtype  # the MEAN of integers is float64
-        result = np.empty(f.size, dtype=dtype)
-        combine(op, parts, out=result[b[me]:b[me + 1]])  # straight into our segment
-        results.append(result)
-        mine.append(result[b[me]:b[me + 1]])
-    gathered = comm.exchange(seq, None, mine, kind, phase=1)
-    for i, (result, b) in enumerate(zip(results, bounds, strict=True)):
-        for r in range(world):
+    for i, b in enumerate(bounds):
+        reduce_into(i, b[me], b[me + 1], [payload[i] for _, payload in got])
+    _gather(comm, seq, kind, outs, phase=1)
+
+
+def _gather(comm, seq, kind, outs, phase) -> None:
+    me = comm.rank
+    bounds = [_bounds(o.size, comm.world) for o in outs]
+    mine = [o[b[me]:b[me + 1]] for o, b in zip(outs, bounds, strict=True)]
+    gathered = comm.exchange(seq, None, mine, kind, phase=phase)
+    for i, (out, b) in enumerate(zip(outs, bounds, strict=True)):
+        for r in range(comm.world):
             if r != me:
-                result[b[r]:b[r + 1]] = gathered[r][1][i]
-    return [r.reshape(a.shape) for r, a in zip(results, host, strict=True)]
+                out[b[r]:b[r + 1]] = gathered[r][1][i]
 
 
 def all_gather(comm, seq: int, kind: str, obj: Any) -> list[Any]:

@@ -1,7 +1,8 @@
 """`Sequential`: a Keras-shaped model whose weights are distributed variables of the strategy in
 scope when it was made. `fit` sends each replica its shard of `steps_per_execution` global
-batches per call; replicas run forward/backward, all-reduce the gradients (scaled so the sum is
-the gradient of the global batch's mean loss) and apply the optimizer to their own copies.
+batches per call; replicas run forward/backward, sum the gradients (scaled so the sum is the
+gradient of the global batch's mean loss) and apply the optimizer. Large models update
+partitioned: each replica steps the segment of the weights it reduced, then all gather it.
 """
 
 from __future__ import annotations
@@ -246,16 +247,28 @@ def _train_loop(layers, weights, slots, loss, optimizer, shards, totals, step0, 
     states = [{k: {s: replica.copy_of(v._id, v.name) for s, v in d.items()}
                for k, d in layer_slots.items()} for layer_slots in slots]
     names = [(i, k) for i, w in enumerate(params) for k in w]
-    out = []
+    flat_params = [params[i][k].reshape(-1) for i, k in names]
+    flat_slots = [{s: a.reshape(-1) for s, a in states[i][k].items()} for i, k in names]
+    stats = xp.zeros(2, dtype=xp.float64)
+    out, sharded = [], False
     for step, ((x, y), total) in enumerate(zip(shards, totals, strict=True), start=step0 + 1):
         rng = _DeviceRNG(replica.backend, (seed, replica.rank, step))
-        local = len(x)
-        grads, stats = _gradients(xp, layers, params, loss, x, y, rng, local, total)
-        reduced = ctx.all_reduce("SUM", [grads[i][k] for i, k in names] + [stats])
-        for (i, k), g in zip(names, reduced[:-1], strict=True):
-            optimizer.apply(xp, params[i][k], g, states[i][k], step)
-        loss_sum, correct = (float(v) for v in reduced[-1][:2])
+        grads, local_stats = _gradients(xp, layers, params, loss, x, y, rng, len(x), total)
+
+        def update(j, lo, hi, summed, step=step):
+            if j == len(names):  # the (loss sum, correct) pair rides along
+                stats[lo:hi] = summed
+                return
+            optimizer.apply(xp, flat_params[j][lo:hi], summed,
+                            {s: a[lo:hi] for s, a in flat_slots[j].items()}, step)
+        sharded |= ctx._reduce_apply("the training step's gradients",
+                                     [grads[i][k] for i, k in names] + [local_stats],
+                                     [*flat_params, stats], update)
+        loss_sum, correct = (float(v) for v in stats[:2])
         out.append((loss_sum, correct if metric else 0.0, total))
+    slots = [a for d in flat_slots for a in d.values()]
+    if sharded and slots:  # each rank updated its own segment of the slots: make them whole
+        ctx._gather_segments("the optimizer's slots", slots)
     return out
 
 

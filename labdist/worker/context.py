@@ -13,6 +13,7 @@ import numpy as np
 
 from labdist import nest
 from labdist.collectives import all_gather, all_reduce
+from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
 from labdist.enums import ReduceOp
 
 _local = threading.local()
@@ -115,6 +116,14 @@ class ReplicaContext:
         return all_reduce(
             self._replica.comm, self._next_seq(), what, arrays, op, self._replica.backend
         )
+
+    def _reduce_apply(self, what: str, arrays: list[Any], targets: list[Any], apply) -> bool:
+        """Summed gradients applied segment by segment (collectives.reduce_scatter_apply)."""
+        return reduce_scatter_apply(self._replica.comm, self._next_seq(), what, arrays, targets,
+                                    apply, self._replica.backend)
+
+    def _gather_segments(self, what: str, arrays: list[Any]) -> None:
+        gather_segments(self._replica.comm, self._next_seq(), what, arrays)
 
     def _gather(self, what: str, obj: Any) -> list[Any]:
         return all_gather(self._replica.comm, self._next_seq(), what, obj)
