@@ -63,8 +63,9 @@ def tensorflow_steps_per_s(x, y, batch: int, spe: int) -> float | None:
     except ImportError:
         return None
     cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    if len(tf.config.list_logical_devices("CPU")) < 2:  # only once, before TF starts
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(512, activation="relu"),
