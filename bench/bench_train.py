@@ -1,7 +1,8 @@
 """Training throughput: steps/s of the 784-512-10 MLP (SGD, sparse categorical cross-entropy)
 under MirroredStrategy on 2 worker processes, against the same model in single-process numpy
 measured in the same run. TensorFlow's MirroredStrategy is measured too when `tensorflow` is
-importable (an optional bench dependency, never a project one).
+importable (an optional bench dependency, never a project one); `TF_USE_LEGACY_KERAS=1` with
+`tf-keras` installed measures Keras 2 instead of Keras 3.
 
 Run: `python bench/bench_train.py [--quick]`.
 """
@@ -57,24 +58,39 @@ def labdist_steps_per_s(strategy, x, y, batch: int, spe: int, reps: int) -> floa
     return statistics.median(rates)
 
 
-def tensorflow_steps_per_s(x, y, batch: int, spe: int) -> float | None:
+def _tensorflow():
+    """TensorFlow with 2 logical CPU devices (configured once, before its runtime starts)."""
     try:
         import tensorflow as tf
     except ImportError:
         return None
-    cpus = tf.config.list_physical_devices("CPU")
-    if len(tf.config.list_logical_devices("CPU")) < 2:  # only once, before TF starts
+    if not getattr(_tensorflow, "configured", False):
+        cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+        _tensorflow.configured = True
+    return tf
+
+
+def tensorflow_steps_per_s(x, y, batch: int, spe: int) -> float | str | None:
+    """TF's MirroredStrategy on 2 logical CPUs, the same model and data; None without TF, or
+    the error's name when this TF/Keras cannot run the configuration."""
+    tf = _tensorflow()
+    if tf is None:
+        return None
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Dense(512, activation="relu"),
+        model = tf.keras.Sequential([tf.keras.Input((784,)),
+                                     tf.keras.layers.Dense(512, activation="relu"),
                                      tf.keras.layers.Dense(10, activation="softmax")])
         model.compile(loss="sparse_categorical_crossentropy", optimizer="sgd",
                       steps_per_execution=spe)
-    model.fit(x[:10 * batch], y[:10 * batch], batch_size=batch, verbose=0)
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    try:
+        model.fit(x, y, batch_size=batch, shuffle=False, verbose=0)  # traces on this data
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    except Exception as e:  # e.g. Keras 3 + MirroredStrategy + steps_per_execution > 1
+        return f"failed ({type(e).__name__})"
     return -(-len(x) // batch) / (time.perf_counter() - start)
 
 
@@ -96,8 +112,10 @@ def main() -> None:
                 label = f"labdist Mirrored(2), batch {batch}, spe {spe}"
                 print(f"{label:<44}{rate:>10.1f}{rate / base:>9.2f}x")
                 tf_rate = tensorflow_steps_per_s(x, y, batch, spe)
-                if tf_rate is not None:
-                    label = f"TF MirroredStrategy(2 CPUs), batch {batch}, spe {spe}"
+                label = f"TF MirroredStrategy(2 CPUs), batch {batch}, spe {spe}"
+                if isinstance(tf_rate, str):
+                    print(f"{label:<44}{tf_rate:>20}")
+                elif tf_rate is not None:
                     print(f"{label:<44}{tf_rate:>10.1f}{tf_rate / base:>9.2f}x")
 
 
