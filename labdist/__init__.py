@@ -14,11 +14,14 @@ from labdist.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     LabdistError,
+    OutOfRangeError,
+    ParameterServerLostError,
     PeerAbortedError,
     ReplicaDivergenceWarning,
     ReplicaLostError,
 )
 from labdist.input import batches
+from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
@@ -36,12 +39,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClusterConnectionError",
+    "ClusterCoordinator",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "LabdistError",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "OutOfRangeError",
+    "ParameterServerLostError",
+    "ParameterServerStrategy",
     "PeerAbortedError",
     "PerReplica",
     "ReduceOp",

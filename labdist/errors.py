@@ -30,3 +30,12 @@ class ClusterConnectionError(LabdistError, ConnectionError):
 
 class ReplicaDivergenceWarning(UserWarning):
     """An ON_WRITE variable with aggregation NONE now holds different values on its replicas."""
+
+
+class ParameterServerLostError(ReplicaLostError):
+    """The Dask worker holding a parameter server went away, and the variables it held with it:
+    training cannot go on; restore the last checkpoint into a new strategy."""
+
+
+class OutOfRangeError(LabdistError, IndexError):
+    """A scheduled function asked a per-worker iterator for more than its dataset holds."""

@@ -145,6 +145,8 @@ class Variable(NDArrayOperatorsMixin):
 
     def _update(self, mode: str, value: Any, read_value: bool) -> Any:
         ctx = self._context()
+        if ctx is not None and hasattr(ctx, "_remote_update"):  # parameter servers hold it
+            return ctx._remote_update(self, mode, value, read_value)
         if ctx is not None:
             result = self._replica_update(ctx, mode, value)
         else:

@@ -124,8 +124,10 @@ class Sequential:
             groups = _chunks(list(batches), self._steps_per_execution)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
             done = 0
-            for group in groups:
-                for out_loss, out_correct, n in self._train_steps(group):
+            delegate = getattr(self._strategy, "_train_model_steps", None)  # parameter servers
+            outputs = delegate(self, groups) if delegate else map(self._train_steps, groups)
+            for group, group_outputs in zip(groups, outputs, strict=True):
+                for out_loss, out_correct, n in group_outputs:
                     loss_sum, correct, seen = loss_sum + out_loss, correct + out_correct, seen + n
                 done += len(group)
                 bar.update(done, self._running_logs(loss_sum, correct, seen))

@@ -1,0 +1,298 @@
+"""`ClusterCoordinator` (TF2's tf.distribute.coordinator.ClusterCoordinator): schedule
+functions onto parameter-server workers, get remote values back, join.
+
+One dispatcher thread per worker takes the next function from a shared queue, runs it on its
+worker and waits for the result; a free worker is whichever finishes first, so fast workers do
+more. When a worker dies mid-function, the function goes back to the front of the queue and
+another worker runs it (at-least-once: what it pushed before dying stays pushed, as in TF).
+A lost parameter server stops everything with an error naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from labdist import nest, shipping
+from labdist.errors import ReplicaLostError
+from labdist.parameter_server import remote
+from labdist.parameter_server.worker import PerWorkerIterator
+
+POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
+
+
+class RemoteValue:
+    """The future result of a scheduled function: `fetch()` waits for it (and raises the
+    function's error)."""
+
+    def __init__(self):
+        self._future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def fetch(self, timeout: float | None = None) -> Any:
+        return self._future.result(timeout)
+
+    get = fetch
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def __repr__(self) -> str:
+        return f"<RemoteValue {'ready' if self.done() else 'pending'}>"
+
+
+class _Closure:
+    def __init__(self, fn_bytes: bytes, args: tuple, kwargs: dict, key: tuple):
+        self.fn_bytes, self.args, self.kwargs, self.key = fn_bytes, args, kwargs, key
+        self.value = RemoteValue()
+        self.attempts = 0
+
+    def set_result(self, result: Any) -> None:
+        if not self.value._future.done():
+            self.value._future.set_result(result)
+
+    def set_error(self, error: BaseException) -> None:
+        if not self.value._future.done():
+            self.value._future.set_exception(error)
+
+    def cancel(self) -> None:
+        if not self.value._future.done():
+            self.value._future.cancel()
+
+
+class PerWorkerDataset:
+    """A dataset made on every worker by `create_per_worker_dataset`; `iter()` of it gives a
+    handle that is each worker's own iterator inside scheduled functions."""
+
+    def __init__(self, dataset_id: str):
+        self._id = dataset_id
+        self._iterators = itertools.count()
+
+    def __iter__(self) -> PerWorkerIterator:
+        return PerWorkerIterator(self._id, next(self._iterators))
+
+
+class ClusterCoordinator:
+    """`ClusterCoordinator(strategy)`: one per strategy (a second call returns the first)."""
+
+    def __new__(cls, strategy):
+        if not hasattr(strategy, "_ps_group"):
+            raise TypeError(f"strategy={strategy!r} is not a ParameterServerStrategy")
+        strategy._check_open()
+        existing = getattr(strategy, "_cluster_coordinator", None)
+        if existing is not None and not existing._closed:
+            return existing
+        self = super().__new__(cls)
+        self._setup(strategy)
+        strategy._cluster_coordinator = self
+        return self
+
+    def _setup(self, strategy) -> None:
+        self.strategy = strategy
+        self._group = strategy._ps_group
+        self._cv = threading.Condition()
+        self._queue: deque[_Closure] = deque()
+        self._in_flight = 0
+        self._error: BaseException | None = None  # the first function error, for join
+        self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
+        self._alive = set(range(self._group.num_workers))
+        self.lost_workers: list[str] = []
+        self._closed = False
+        self._keys = itertools.count()
+        self._threads = [threading.Thread(target=self._dispatch, args=(w,), daemon=True,
+                                          name=f"labdist-coordinator-{w}")
+                         for w in range(self._group.num_workers)]
+        for t in self._threads:
+            t.start()
+
+    # -- the API ------------------------------------------------------------------------------
+    def schedule(self, fn: Callable, args: tuple = (), kwargs: dict | None = None
+                 ) -> RemoteValue:
+        """Queue `fn(*args, **kwargs)` to run on some worker; returns its RemoteValue. Raises
+        the error of an earlier function that failed (as TF does), once."""
+        if not callable(fn):
+            raise TypeError(f"fn={fn!r} is not callable")
+        if not isinstance(args, tuple | list):
+            raise TypeError(f"args={args!r} must be a tuple of positional arguments")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
+        self._raise_pending()
+        closure = _Closure(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
+                           ("closure", next(self._keys)))
+        with self._cv:
+            self._queue.append(closure)
+            self._cv.notify_all()
+        return closure.value
+
+    def join(self) -> None:
+        """Wait until every scheduled function has finished; raise the first error one of them
+        raised (the rest were cancelled then), or the error that stopped the cluster."""
+        with self._cv:
+            while (self._queue or self._in_flight) and self._fatal is None:
+                self._cv.wait(1.0)
+        self._raise_pending()
+
+    def done(self) -> bool:
+        """Whether nothing is queued or running."""
+        with self._cv:
+            return not self._queue and not self._in_flight
+
+    def fetch(self, values: Any) -> Any:
+        """The results of a structure of RemoteValues (other leaves pass through)."""
+        return nest.map_structure(
+            lambda v: v.fetch() if isinstance(v, RemoteValue) else v, values)
+
+    def create_per_worker_dataset(self, dataset_fn: Callable | Iterable) -> PerWorkerDataset:
+        """Call `dataset_fn()` (or `dataset_fn(input_context)`) on every worker; each worker
+        keeps its own dataset. An iterable is sent to every worker as it is."""
+        if not callable(dataset_fn):
+            if not isinstance(dataset_fn, Iterable):
+                raise TypeError(f"dataset_fn={dataset_fn!r} must be a function returning an "
+                                "iterable, or an iterable")
+            data = dataset_fn
+
+            def dataset_fn():
+                return data
+        dataset_id = uuid.uuid4().hex
+        fn_bytes = shipping.dumps(dataset_fn)
+        with self._cv:
+            alive = sorted(self._alive)
+        self._group.call_workers(alive, "make_dataset", dataset_id, fn_bytes)
+        return PerWorkerDataset(dataset_id)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            for closure in self._queue:
+                closure.cancel()
+            self._queue.clear()
+            self._cv.notify_all()
+
+    # -- dispatching ------------------------------------------------------------------------
+    def _raise_pending(self) -> None:
+        with self._cv:
+            if self._fatal is not None:
+                raise self._fatal
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _dispatch(self, w: int) -> None:
+        idle_reported = False
+        while True:
+            with self._cv:
+                report_idle = not self._queue and self._group.bounded and not idle_reported
+                if not report_idle:
+                    while not self._queue and self._runnable(w):
+                        self._cv.wait()
+                    if not self._runnable(w):
+                        return
+                    closure = self._queue.popleft()
+                    self._in_flight += 1
+            if report_idle:  # no work for this worker: it must not hold others back (SSP)
+                idle_reported = True
+                self._group.worker_idle(w)
+                continue
+            idle_reported = False
+            if not self._finish(w, closure, self._execute(w, closure)):
+                return
+
+    def _runnable(self, w: int) -> bool:
+        return not self._closed and self._fatal is None and w in self._alive
+
+    def _execute(self, w: int, closure: _Closure) -> tuple:
+        coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
+                                       closure.kwargs, self._group.placement_for(w),
+                                       closure.key)
+        future = asyncio.run_coroutine_threadsafe(coro, self._group.loop)
+        while True:
+            try:
+                reply = future.result(timeout=POLL_S)
+            except concurrent.futures.TimeoutError:
+                lost = self._group.lost_store()
+                if lost is not None:
+                    future.cancel()
+                    return ("ps_lost", self._group.ps_lost_error(lost))
+                if self._group.worker_lost(w):
+                    future.cancel()
+                    return ("worker_lost",)
+                if self._closed:
+                    future.cancel()
+                    return ("closed",)
+                continue
+            except remote.COMM_ERRORS:
+                return ("worker_lost",)
+            except Exception as e:  # e.g. arguments that cannot be sent
+                return ("error", e, "")
+            if reply[0] == "ps_lost":
+                lost = self._group.lost_store()
+                return ("ps_lost", self._group.ps_lost_error(lost, reply[1]))
+            return reply
+
+    def _finish(self, w: int, closure: _Closure, outcome: tuple) -> bool:
+        """Settle one function's outcome; returns whether worker `w` keeps dispatching."""
+        kind = outcome[0]
+        if kind == "worker_lost":
+            self._lose_worker(w, closure)
+            return False
+        if kind == "ok":
+            closure.set_result(outcome[1])
+        elif kind == "error":
+            error = outcome[1]
+            error.add_note(f"raised by a scheduled function on worker {w} "
+                           f"({self._group.worker_addresses[w]})"
+                           + (f"; worker traceback:\n{outcome[2]}" if outcome[2] else ""))
+            closure.set_error(error)
+            self._fail(error)
+        elif kind == "ps_lost":
+            closure.set_error(outcome[1])
+            self._stop(outcome[1])
+        else:
+            closure.cancel()
+        with self._cv:
+            self._in_flight -= 1
+            self._cv.notify_all()
+        return kind in ("ok", "error")
+
+    def _fail(self, error: BaseException) -> None:
+        """A function raised: cancel what is queued (TF's behaviour); join raises the error."""
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            for closure in self._queue:
+                closure.cancel()
+            self._queue.clear()
+            self._cv.notify_all()
+        self._group.release_barriers()  # sync mode: nobody waits for the failed function
+
+    def _stop(self, error: BaseException) -> None:
+        with self._cv:
+            if self._fatal is None:
+                self._fatal = error
+            for closure in self._queue:
+                closure.set_error(self._fatal)
+            self._queue.clear()
+            self._cv.notify_all()
+
+    def _lose_worker(self, w: int, closure: _Closure) -> None:
+        """Worker `w` died: its function goes first in the queue for another worker."""
+        with self._cv:
+            self._alive.discard(w)
+            self.lost_workers.append(self._group.worker_addresses[w])
+            self._in_flight -= 1
+            closure.attempts += 1
+            self._queue.appendleft(closure)
+            if not self._alive and self._fatal is None:
+                self._fatal = ReplicaLostError(
+                    f"every worker of this strategy was lost ({', '.join(self.lost_workers)}); "
+                    "close it and start a new one (restore the last checkpoint)")
+                for c in self._queue:
+                    c.set_error(self._fatal)
+                self._queue.clear()
+            self._cv.notify_all()
+        self._group.worker_gone(w)

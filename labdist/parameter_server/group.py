@@ -1,0 +1,240 @@
+"""Where a ParameterServerStrategy's actors live and how the driver calls them: k
+`ParameterStore` actors (each on its own worker when the cluster has enough workers) and one
+`ParameterServerWorker` per remaining worker. Variables are placed round-robin over the stores.
+
+It also speaks the replica-group protocol of strategies/base.py (with one "replica": the
+parameter servers hold the only copy), so `ld.Variable` reads and writes from the driver work
+unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from typing import Any
+
+from labdist.cluster import connect, start_local_cluster
+from labdist.errors import ParameterServerLostError
+from labdist.parameter_server import remote
+from labdist.parameter_server.store import ParameterStore
+from labdist.parameter_server.worker import ParameterServerWorker
+
+
+class ParameterServerGroup:
+    num_replicas = 1  # one copy of every variable, on its parameter server
+
+    def __init__(self, cluster: Any, num_workers: int | None, num_ps: int,
+                 connect_timeout: float, security: Any = None):
+        self._owned_cluster = None
+        self._owns_client = False
+        self._closed = False
+        self._futures: list = []
+        self._lock = threading.Lock()
+        self.placement: dict[int, int] = {}
+        self.placement_version = 0
+        self._sent: dict[int, int] = {}
+        self._next_shard = 0
+        self.bounded = False
+        if cluster is None:
+            self._owned_cluster = cluster = start_local_cluster((num_workers or 2) + num_ps)
+        try:
+            self.client, self._owns_client = connect(cluster, connect_timeout, security)
+            self.ps_addresses, self.worker_addresses = self._place(
+                num_workers, num_ps, connect_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_addresses)
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.ps_addresses)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self.client.loop.asyncio_loop
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self.client.dashboard_link if self._owned_cluster is not None else None
+
+    def _place(self, num_workers: int | None, num_ps: int, timeout: float):
+        """(PS addresses, worker addresses): PSs on workers of their own when there are
+        enough, else sharing workers round-robin."""
+        need = (num_workers or 1) + (num_ps if self._owned_cluster is not None else 0)
+        with contextlib.suppress(TimeoutError, OSError):
+            self.client.wait_for_workers(need, timeout=timeout)
+        present = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        if num_workers is not None and len(present) < num_workers:
+            raise ValueError(f"num_workers={num_workers} but the cluster has {len(present)} "
+                             f"worker(s) after waiting {timeout:g} s; start more workers or "
+                             "ask for fewer")
+        if len(present) >= num_ps + (num_workers or 1):
+            rest = present[num_ps:]
+            return present[:num_ps], rest[:num_workers] if num_workers else rest
+        return ([present[i % len(present)] for i in range(num_ps)],
+                present[:num_workers] if num_workers else present)
+
+    def start(self, settings: dict) -> None:
+        """Start the parameter servers, then the workers (which need to know where they are)."""
+        self.id = uuid.uuid4().hex
+        self.bounded = settings["staleness_bound"] is not None
+        try:
+            self._store_keys = [f"labdist-ps-{self.id}-{i}" for i in range(self.num_ps)]
+            self._store_futures = [
+                self.client.submit(ParameterStore, i, settings, actor=True, workers=[addr],
+                                   allow_other_workers=False, pure=False, key=key)
+                for i, (addr, key) in enumerate(zip(self.ps_addresses, self._store_keys,
+                                                    strict=True))]
+            stores = list(zip(self.ps_addresses, self._store_keys, strict=True))
+            self._worker_keys = [f"labdist-psworker-{self.id}-{w}"
+                                 for w in range(self.num_workers)]
+            self._worker_futures = [
+                self.client.submit(ParameterServerWorker, w, self.num_workers, stores, settings,
+                                   actor=True, workers=[addr], allow_other_workers=False,
+                                   pure=False, key=key)
+                for w, (addr, key) in enumerate(zip(self.worker_addresses, self._worker_keys,
+                                                    strict=True))]
+            self._futures = self._store_futures + self._worker_futures
+            self.client.gather(self._futures)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lost actors ----------------------------------------------------------------------------
+    def store_lost(self, i: int) -> bool:
+        return self._store_futures[i].status not in ("finished", "pending")
+
+    def lost_store(self) -> int | None:
+        return next((i for i in range(self.num_ps) if self.store_lost(i)), None)
+
+    def worker_lost(self, w: int) -> bool:
+        return self._worker_futures[w].status not in ("finished", "pending")
+
+    def ps_lost_error(self, i: int | None, detail: str = "its worker left the cluster"
+                      ) -> ParameterServerLostError:
+        where = (f"parameter server {i} (worker {self.ps_addresses[i]})" if i is not None
+                 else "a parameter server")
+        held = sum(1 for s in self.placement.values() if s == i)
+        return ParameterServerLostError(
+            f"{where} was lost ({detail}), and the {held} variable(s) it held with it. "
+            "Training cannot go on: close this strategy, start a new one and restore the last "
+            "checkpoint (ld.train.Checkpoint(model=model).restore(directory))")
+
+    # -- calls --------------------------------------------------------------------------------
+    async def _store(self, i: int, method: str, *args) -> Any:
+        if self.store_lost(i):
+            raise self.ps_lost_error(i)
+        try:
+            return await remote.call(self.client.rpc, self.ps_addresses[i],
+                                     self._store_keys[i], method, *args)
+        except remote.COMM_ERRORS as e:
+            raise self.ps_lost_error(i, f"{type(e).__name__}: {e}") from None
+
+    def store_call(self, i: int, method: str, *args) -> Any:
+        return self.client.sync(self._store, i, method, *args)
+
+    def store_call_all(self, method: str, *args, quiet: bool = False) -> list[Any]:
+        async def gather():
+            return await asyncio.gather(*(self._store(i, method, *args)
+                                          for i in range(self.num_ps)),
+                                        return_exceptions=quiet)
+        return self.client.sync(gather)
+
+    async def call_worker(self, w: int, method: str, *args) -> Any:
+        if self.worker_lost(w):
+            raise ConnectionError(f"worker {w} ({self.worker_addresses[w]}) left the cluster")
+        return await remote.call(self.client.rpc, self.worker_addresses[w],
+                                 self._worker_keys[w], method, *args)
+
+    def call_workers(self, workers: list[int], method: str, *args) -> list[Any]:
+        async def gather():
+            return await asyncio.gather(*(self.call_worker(w, method, *args) for w in workers))
+        return self.client.sync(gather)
+
+    def placement_for(self, w: int) -> dict[int, int] | None:
+        """The variable placement, when worker `w` has not seen the latest one yet."""
+        with self._lock:
+            if self._sent.get(w) == self.placement_version:
+                return None
+            self._sent[w] = self.placement_version
+            return dict(self.placement)
+
+    def worker_idle(self, w: int) -> None:
+        with contextlib.suppress(Exception):
+            self.store_call(0, "ssp_leave", w)
+
+    def worker_gone(self, w: int) -> None:
+        """A lost worker holds no one back: leave the SSP table, release sync barriers."""
+        self.worker_idle(w)
+        self.release_barriers()
+
+    def release_barriers(self) -> None:
+        with contextlib.suppress(Exception):
+            self.store_call_all("release_barrier", quiet=True)
+
+    # -- the replica-group protocol (strategies/base.py) -----------------------------------
+    def create(self, var_id: int, host) -> None:
+        with self._lock:
+            shard = self._next_shard % self.num_ps
+            self._next_shard += 1
+        self.store_call(shard, "create", var_id, host)
+        self._set_placement(var_id, shard)
+
+    def _set_placement(self, var_id: int, shard: int) -> None:
+        with self._lock:
+            self.placement[var_id] = shard
+            self.placement_version += 1
+
+    def move(self, var_id: int, shard: int) -> None:
+        """Put a variable on parameter server `shard` (optimizer slots go next to their
+        variable, where the update rule runs)."""
+        old = self.placement[var_id]
+        if old == shard:
+            return
+        host = self.store_call(old, "read", var_id)
+        self.store_call(shard, "create", var_id, host)
+        self._set_placement(var_id, shard)
+        self.store_call(old, "delete", [var_id])
+
+    def read(self, var_id: int, ranks) -> list:
+        value = self.store_call(self.placement[var_id], "read", var_id)
+        return [value for _ in ranks]
+
+    def write(self, var_id: int, mode: str, host, want) -> list:
+        value = self.store_call(self.placement[var_id], "write", var_id, mode, host, bool(want))
+        return [value for _ in want]
+
+    def update(self, fn, args_r, kwargs_r):
+        raise NotImplementedError(
+            "strategy.extended.update is not available under ParameterServerStrategy: the "
+            "parameter servers hold the only copy; assign the variable directly")
+
+    def where(self, rank: int) -> str:
+        return "a parameter-server worker"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        client = getattr(self, "client", None)
+        if client is not None and self._futures:
+            for i in range(len(getattr(self, "_store_keys", []))):
+                with contextlib.suppress(Exception):
+                    if not self.store_lost(i):
+                        self.store_call(i, "close")
+            with contextlib.suppress(Exception):
+                client.cancel(self._futures)
+        self._futures = []
+        if client is not None and self._owns_client:
+            with contextlib.suppress(Exception):
+                client.close()
+        if self._owned_cluster is not None:
+            with contextlib.suppress(Exception):
+                self._owned_cluster.close()
+            self._owned_cluster = None

@@ -1,0 +1,216 @@
+"""`ParameterStore`: the Dask actor of one parameter-server task (DESIGN.md "Parameter
+servers"). It holds its shard of the variables (chunked, with version stamps), the optimizer
+state next to each variable, and applies what workers push.
+
+Every method is `async def`, so calls from different workers are served concurrently on the
+worker's event loop; reads and updates run on the store's own thread pool, so in asynchronous
+mode two workers' updates really are applied at the same time, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from labdist.parameter_server.chunked import ChunkedValue, make_kernel
+from labdist.parameter_server.ssp import StalenessBound
+from labdist.parameter_server.stats import StoreCounters
+from labdist.parameter_server.sync import COMPLETE, DUPLICATE, STALE, SyncReplicas, aggregate
+
+KINDS = ("assign", "assign_add", "assign_sub", "gradient")
+
+
+class ParameterStore:
+    """One PS task. `settings`: mode, use_locking, chunk_size, replicas_to_aggregate,
+    staleness_bound (the strategy validated them)."""
+
+    def __init__(self, index: int, settings: dict):
+        from distributed import get_worker
+
+        self.index = index
+        self.address = get_worker().address
+        self.mode = settings["mode"]
+        self.use_locking = settings["use_locking"]
+        self.chunk_size = settings["chunk_size"]
+        self.values: dict[int, ChunkedValue] = {}
+        self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
+        self.chunk_delay = 0.0
+        self.counters = StoreCounters()
+        self.clock = 0  # pushes applied here (async): what staleness is measured in
+        self._clock_lock = threading.Lock()
+        self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"
+                     else None)
+        bound = settings["staleness_bound"]
+        self.ssp = StalenessBound(bound) if bound is not None and index == 0 else None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"labdist-ps{index}")
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _value(self, var_id: int) -> ChunkedValue:
+        try:
+            return self.values[var_id]
+        except KeyError:
+            raise ValueError(f"variable #{var_id} is not on parameter server {self.index} "
+                             "(created under another strategy, or that strategy was closed)"
+                             ) from None
+
+    async def info(self) -> dict:
+        return {"address": self.address, "pid": os.getpid(), "index": self.index}
+
+    # -- the driver's calls (cross-replica context) -----------------------------------------
+    async def create(self, var_id: int, host: np.ndarray) -> None:
+        self.values[var_id] = ChunkedValue(host, self.chunk_size)
+
+    async def delete(self, var_ids: list[int]) -> None:
+        for var_id in var_ids:
+            self.values.pop(var_id, None)
+            self.optimizers.pop(var_id, None)
+
+    async def read(self, var_id: int) -> np.ndarray:
+        return (await self._run(self._value(var_id).read))[0]
+
+    async def write(self, var_id: int, mode: str, host: np.ndarray, want: bool):
+        value = self._value(var_id)
+        await self._run(value.update, make_kernel(mode, host), self.use_locking, 0.0)
+        return (await self._run(value.read))[0] if want else None
+
+    async def bind(self, var_id: int, optimizer: Any, slot_ids: dict[str, int]) -> None:
+        """Gradients pushed for `var_id` go through `optimizer`, with these slot variables
+        (which must live here too) as its state."""
+        value = self._value(var_id)
+        for name, slot_id in slot_ids.items():
+            if self._value(slot_id).shape != value.shape:
+                raise ValueError(f"slot {name!r} (#{slot_id}) does not match variable "
+                                 f"#{var_id}'s shape {value.shape}")
+        self.optimizers[var_id] = (optimizer, dict(slot_ids))
+
+    async def set_chunk_delay(self, seconds: float) -> None:
+        self.chunk_delay = float(seconds)
+
+    async def global_step(self) -> int:
+        return self.sync.global_step if self.sync is not None else self.clock
+
+    async def stats(self) -> dict:
+        out = self.counters.snapshot()
+        out["global_step"] = await self.global_step()
+        out["ssp"] = self.ssp.snapshot() if self.ssp is not None else None
+        return out
+
+    async def reset_stats(self) -> None:
+        self.counters.reset()
+        if self.ssp is not None:
+            self.ssp.reset()
+
+    async def release_barrier(self) -> None:
+        if self.sync is not None:
+            await self.sync.release()
+
+    async def ssp_begin(self, worker: int) -> float:
+        return await self.ssp.begin(worker) if self.ssp is not None else 0.0
+
+    async def ssp_leave(self, worker: int) -> None:
+        if self.ssp is not None:
+            await self.ssp.leave(worker)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the workers' calls -------------------------------------------------------------------
+    async def pull(self, worker: int, var_ids: list[int], step: int | None = None):
+        """(values, basis): copies of the variables and what a later push quotes as the read
+        it was computed from: this shard's update count (async) or global step (sync; with
+        `step`, wait for that step first: the barrier of step-bound work)."""
+        chunks = [self._value(v) for v in var_ids]
+        if self.sync is None:
+            basis = self.clock
+            values, torn = await self._run(_read_all, chunks)
+        else:
+            basis = await self.sync.begin_read(step)
+            try:
+                values, torn = await self._run(_read_all, chunks)
+            finally:
+                await self.sync.end_read()
+        self.counters.read(len(var_ids), torn)
+        return dict(zip(var_ids, values, strict=True)), basis
+
+    async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
+                   basis: int | None = None, key: tuple | None = None,
+                   want: bool = False) -> dict:
+        """Apply one worker's updates: (var_id, kind, array, aggregation) items, `basis` from
+        the pull they were computed from (None: a blind write). Async: applied now; sync:
+        accumulated, and this call returns once the step's update is applied (or at once if
+        the push is stale)."""
+        self._check(items)
+        if self.sync is None:
+            return await self._run(self._apply_async, worker, items, basis, want)
+        verdict = self.sync.offer(key or ("blind", id(items)), worker, basis, items)
+        if verdict == STALE:
+            self.counters.dropped_stale(worker)
+            return {"status": STALE, "global_step": self.sync.global_step, "values": None}
+        if verdict != DUPLICATE:
+            self.counters.applied(worker, 0, 0)  # fresh by definition: staleness 0
+        if verdict == COMPLETE:
+            step = self.sync.global_step + 1
+            await self.sync.apply(lambda batch: self._run(self._apply_batch, batch, step))
+            status = "accepted"
+        else:
+            status = await self.sync.wait_barrier(basis)
+        values = await self._run(self._values_of, items) if want else None
+        return {"status": status, "global_step": self.sync.global_step, "values": values}
+
+    def _check(self, items) -> None:
+        """Validate a whole push before applying any of it (nothing half done)."""
+        for var_id, kind, array, _ in items:
+            value = self._value(var_id)
+            if kind not in KINDS:
+                raise ValueError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
+            if np.shape(array) != value.shape:
+                raise ValueError(f"variable #{var_id}: pushed shape {np.shape(array)} but the "
+                                 f"variable has shape {value.shape}")
+            if kind == "gradient" and var_id not in self.optimizers:
+                raise ValueError(f"variable #{var_id}: a gradient was pushed but no optimizer "
+                                 "is bound to it on this parameter server")
+
+    def _update(self, var_id: int, kind: str, array: np.ndarray, step: int | None) -> bool:
+        if kind == "gradient":
+            optimizer, slot_ids = self.optimizers[var_id]
+            slots = {name: self.values[s].array() for name, s in slot_ids.items()}
+            kernel = make_kernel(kind, array, optimizer, slots, step)
+        else:
+            kernel = make_kernel(kind, array)
+        return self.values[var_id].update(kernel, self.use_locking, self.chunk_delay)
+
+    def _apply_async(self, worker, items, basis, want) -> dict:
+        with self._clock_lock:
+            start = self.clock
+        interleaved = sum(self._update(v, kind, a, None) for v, kind, a, _ in items)
+        with self._clock_lock:
+            self.clock += 1
+            clock = self.clock
+        self.counters.applied(worker, None if basis is None else max(start - basis, 0),
+                              interleaved)
+        return {"status": "applied", "global_step": clock,
+                "values": self._values_of(items) if want else None}
+
+    def _apply_batch(self, batch, step: int) -> None:
+        for var_id, kind, arrays, agg in batch:
+            for value in aggregate(agg, arrays):
+                self._update(var_id, kind, value, step)
+
+    def _values_of(self, items) -> dict[int, np.ndarray]:
+        return {v: self.values[v].read()[0] for v, *_ in items}
+
+
+def _read_all(chunks: list[ChunkedValue]) -> tuple[list[np.ndarray], int]:
+    values, torn = [], 0
+    for c in chunks:
+        value, _, was_torn = c.read()
+        values.append(value)
+        torn += was_torn
+    return values, torn

@@ -1,0 +1,232 @@
+"""`ParameterServerStrategy`: variables on parameter-server tasks, workers that pull, compute and
+push (SEMANTICS.md §5, DESIGN.md "Parameter servers").
+
+mode="async": each worker's update is applied when it arrives (Downpour / TF2's
+ParameterServerStrategy); mode="sync": SyncReplicas — a barrier, `replicas_to_aggregate` fresh
+gradients aggregated into one update per global step, late backup gradients dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from labdist.parameter_server.coordinator import ClusterCoordinator
+from labdist.parameter_server.group import ParameterServerGroup
+from labdist.parameter_server.stats import ParameterServerStats
+from labdist.parameter_server.worker import WorkerStrategy
+from labdist.strategies.base import Strategy
+from labdist.variables import Variable
+from labdist.worker import context as worker_context
+
+MODES = ("async", "sync")
+
+
+def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
+        raise ValueError(f"{name}={value!r} is not allowed; use {allowed}")
+    return value
+
+
+class ParameterServerStrategy(Strategy):
+    """Variables created in `scope()` live on `num_ps` ParameterStore actors (round-robin);
+    functions run on the other workers through `ld.ClusterCoordinator(strategy)`, and
+    `model.fit` works as well.
+
+    cluster: None (start and own a LocalCluster of num_workers + num_ps processes), a
+        scheduler address, a `distributed.Client` or a Dask cluster object (never closed).
+    num_workers: workers that compute (default: 2 embedded, else every worker not a PS).
+    num_ps: parameter-server tasks (each on its own worker when the cluster has enough).
+    mode: "async" or "sync".
+    use_locking: serialise the updates of each variable (reads never lock, and never see an
+        update half applied); without it updates interleave and torn reads happen (counted).
+    replicas_to_aggregate, total_num_replicas: sync mode; gradients per update (default: all)
+        and workers taking part in each step (default: num_workers); more workers than
+        gradients aggregated makes backups whose late gradients are dropped.
+    staleness_bound: async mode; a worker waits while it is more than this many scheduled
+        functions ahead of the slowest (stale synchronous parallel, beyond TF).
+    chunk_size: elements per chunk in which updates are applied (and torn reads detected).
+    """
+
+    def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,
+                 mode: str = "async", use_locking: bool = False,
+                 replicas_to_aggregate: int | None = None,
+                 total_num_replicas: int | None = None, staleness_bound: int | None = None,
+                 chunk_size: int = 65536, connect_timeout: float = 10.0, security: Any = None):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
+        _count("num_workers", num_workers, 1)
+        _count("num_ps", num_ps, 1, optional=False)
+        _count("chunk_size", chunk_size, 1, optional=False)
+        if not isinstance(use_locking, bool):
+            raise ValueError(f"use_locking={use_locking!r} must be True or False")
+        _count("replicas_to_aggregate", replicas_to_aggregate, 1)
+        _count("total_num_replicas", total_num_replicas, 1)
+        _count("staleness_bound", staleness_bound, 0)
+        if mode == "async" and (replicas_to_aggregate, total_num_replicas) != (None, None):
+            raise ValueError("replicas_to_aggregate and total_num_replicas are for mode='sync' "
+                             f"(SyncReplicas); got them with mode={mode!r}")
+        if mode == "sync" and staleness_bound is not None:
+            raise ValueError(f"staleness_bound={staleness_bound!r} is for mode='async': sync "
+                             "mode has no staleness (every gradient is fresh or dropped)")
+        if (replicas_to_aggregate is not None and total_num_replicas is not None
+                and replicas_to_aggregate > total_num_replicas):
+            raise ValueError(f"replicas_to_aggregate={replicas_to_aggregate} cannot exceed "
+                             f"total_num_replicas={total_num_replicas}")
+        if not isinstance(connect_timeout, int | float) or isinstance(connect_timeout, bool) \
+                or not connect_timeout > 0:
+            raise ValueError(f"connect_timeout={connect_timeout!r} must be a positive number "
+                             "of seconds")
+        if num_workers is None and cluster is None:
+            num_workers = total_num_replicas or 2
+        group = ParameterServerGroup(cluster, num_workers, num_ps, float(connect_timeout),
+                                     security)
+        try:
+            total, aggregate = self._sync_sizes(group.num_workers, mode,
+                                                total_num_replicas, replicas_to_aggregate)
+            group.start({"mode": mode, "use_locking": use_locking, "chunk_size": chunk_size,
+                         "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound})
+        except BaseException:
+            group.close()
+            raise
+        self._ps_group = group
+        self.mode = mode
+        self.use_locking = use_locking
+        self.replicas_to_aggregate = aggregate
+        self.total_num_replicas = total
+        self.staleness_bound = staleness_bound
+        self._cluster_coordinator: ClusterCoordinator | None = None
+        self._bound_models: dict[int, tuple] = {}
+        super().__init__(group)
+
+    @staticmethod
+    def _sync_sizes(workers: int, mode: str, total: int | None, aggregate: int | None):
+        if mode != "sync":
+            return None, None
+        total = total or workers
+        if total > workers:
+            raise ValueError(f"total_num_replicas={total} but only {workers} worker(s) compute; "
+                             "each worker takes part in a step once")
+        aggregate = aggregate or total
+        if aggregate > total:
+            raise ValueError(f"replicas_to_aggregate={aggregate} cannot exceed "
+                             f"total_num_replicas={total}")
+        return total, aggregate
+
+    # -- what a user looks at ---------------------------------------------------------------
+    @property
+    def workers(self) -> list[str]:
+        """The address of each worker that computes, in worker-index order."""
+        return list(self._ps_group.worker_addresses)
+
+    @property
+    def parameter_servers(self) -> list[str]:
+        """The worker address of each parameter server."""
+        return list(self._ps_group.ps_addresses)
+
+    @property
+    def num_workers(self) -> int:
+        return self._ps_group.num_workers
+
+    @property
+    def num_ps(self) -> int:
+        return self._ps_group.num_ps
+
+    @property
+    def client(self):
+        return self._ps_group.client
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self._ps_group.dashboard_link
+
+    def parameter_server_of(self, variable: Variable) -> int:
+        """Which parameter server holds `variable`."""
+        if not isinstance(variable, Variable) or variable._strategy_id != self._id:
+            raise ValueError(f"variable={variable!r} is not a variable of {self!r}")
+        return self._ps_group.placement[variable._id]
+
+    def __repr__(self) -> str:
+        extra = (f", replicas_to_aggregate={self.replicas_to_aggregate}, total_num_replicas="
+                 f"{self.total_num_replicas}" if self.mode == "sync" else "")
+        return (f"ParameterServerStrategy(num_workers={self.num_workers}, num_ps={self.num_ps}, "
+                f"mode={self.mode!r}, use_locking={self.use_locking}{extra})")
+
+    def __reduce__(self):  # captured in a scheduled function: its worker-side stand-in
+        return (WorkerStrategy, ())
+
+    # -- running ------------------------------------------------------------------------------
+    def _coordinator(self) -> ClusterCoordinator:
+        return ClusterCoordinator(self)
+
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Run `fn(*args, **kwargs)` once, on whichever worker is free, and return its result
+        (one replica: num_replicas_in_sync is 1). Use a ClusterCoordinator to run many
+        functions at once."""
+        self._check_open()
+        if worker_context.current() is not None:
+            raise RuntimeError("strategy.run cannot be called inside a step function")
+        if not isinstance(args, tuple | list):
+            raise TypeError(f"args={args!r} must be a tuple of positional arguments")
+        args = self._select(tuple(args), 0, "args")
+        kwargs = self._select(kwargs or {}, 0, "kwargs")
+        return self._coordinator().schedule(fn, args, kwargs).fetch()
+
+    def _train_model_steps(self, model, groups):
+        """model.fit's hook: train on `groups` of global batches, yielding each group's
+        (loss sum, correct, n) per step, in order (see fit.py)."""
+        from labdist.parameter_server.fit import train_model_steps
+
+        return train_model_steps(self, model, groups)
+
+    # -- lab controls and figures -----------------------------------------------------------
+    def stats(self) -> ParameterServerStats:
+        """Staleness histogram, torn reads, interleaved updates, updates per worker, dropped
+        stale gradients, global step and throughput (stats.py)."""
+        self._check_open()
+        shards = self._ps_group.store_call_all("stats")
+        step = (shards[0]["global_step"] if self.mode == "sync"
+                else max(s["global_step"] for s in shards))
+        return ParameterServerStats.merge(self.mode, self.use_locking, step, shards,
+                                          shards[0]["ssp"])
+
+    def reset_stats(self) -> None:
+        self._check_open()
+        self._ps_group.store_call_all("reset_stats")
+
+    def set_worker_delay(self, worker: int | str, seconds: float) -> None:
+        """Make `worker` (an index or address) a straggler: each of its pushes waits `seconds`
+        first (0 to undo)."""
+        self._check_open()
+        addresses = self._ps_group.worker_addresses
+        if isinstance(worker, str) and worker in addresses:
+            worker = addresses.index(worker)
+        if isinstance(worker, bool) or not isinstance(worker, int) \
+                or not 0 <= worker < len(addresses):
+            raise ValueError(f"worker={worker!r} is not a worker of this strategy; allowed: an "
+                             f"index 0..{len(addresses) - 1} or one of {addresses}")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
+        self._ps_group.call_workers([worker], "set_delay", float(seconds))
+
+    def _set_chunk_delay(self, seconds: float) -> None:
+        """Sleep this long between the chunks of every update (tests and demos: makes
+        interleaving certain instead of likely)."""
+        self._ps_group.store_call_all("set_chunk_delay", float(seconds))
+
+    def _global_step(self) -> int:
+        return self._ps_group.store_call(0, "global_step")
+
+    def _colocate(self, var_id: int, with_id: int) -> None:
+        group = self._ps_group
+        group.move(var_id, group.placement[with_id])
+
+    def close(self) -> None:
+        if not self._closed and self._cluster_coordinator is not None:
+            self._cluster_coordinator.close()
+        super().close()

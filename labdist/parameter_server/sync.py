@@ -1,0 +1,132 @@
+"""Synchronous training on a parameter server (TF's SyncReplicasOptimizer, SEMANTICS.md §5).
+
+Workers push gradients tagged with the global step they read. The first
+`replicas_to_aggregate` fresh pushes of a step are accumulated; the one that completes the set
+triggers one update with the variables' aggregation and bumps the global step, which releases
+the barrier every accepted pusher waits at. A push tagged with an older step (a backup worker
+that came late) is dropped as stale. Everything here runs on the store's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+# verdicts of offer()
+STALE, DUPLICATE, ACCEPTED, COMPLETE = "dropped", "duplicate", "accepted", "complete"
+
+
+class SyncReplicas:
+    """The accumulators, barrier and global step of one parameter-server shard."""
+
+    def __init__(self, replicas_to_aggregate: int):
+        self.replicas_to_aggregate = replicas_to_aggregate
+        self.global_step = 0
+        self.applying = False  # the step's set is complete and its update is being applied
+        self.readers = 0
+        self._pending: list[tuple[tuple, int, list]] = []
+        self._keys: set[tuple] = set()
+        self._release = 0
+        self._cond: asyncio.Condition | None = None
+
+    @property
+    def cond(self) -> asyncio.Condition:
+        if self._cond is None:  # made on the event loop that uses it
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def _notify(self) -> None:
+        async with self.cond:
+            self.cond.notify_all()
+
+    def offer(self, key: tuple, worker: int, step: int | None, items: list) -> str:
+        """Take one worker's push for `step` (None: a blind write, fresh by definition).
+        `key` names the work that produced it, so a re-run of lost work counts once."""
+        if step is None:
+            step = self.global_step
+        if step < self.global_step or (step == self.global_step and self.applying):
+            return STALE
+        if step > self.global_step:
+            raise ValueError(f"a push for global step {step} reached a parameter server at "
+                             f"step {self.global_step}: pushes must carry the step they read")
+        if key in self._keys:
+            return DUPLICATE
+        self._keys.add(key)
+        self._pending.append((key, worker, items))
+        if len(self._pending) >= self.replicas_to_aggregate:
+            self.applying = True  # closed: later pushes for this step are stale
+            return COMPLETE
+        return ACCEPTED
+
+    async def apply(self, update: Callable[[list[tuple[int, str, list[np.ndarray], str]]],
+                                           Awaitable[None]]) -> None:
+        """Aggregate the accepted pushes (in key order, so results do not depend on arrival)
+        and run `update` on them once no read is in progress; then bump the step."""
+        batch = sorted(self._pending, key=lambda p: p[0])
+        self._pending, self._keys = [], set()
+        by_var: dict[int, tuple[str, str, list[np.ndarray]]] = {}
+        for _, _, items in batch:
+            for var_id, kind, array, agg in items:
+                known = by_var.setdefault(var_id, (kind, agg, []))
+                if known[0] != kind:
+                    raise ValueError(f"variable #{var_id}: workers pushed {known[0]} and {kind} "
+                                     "in the same step; every worker must update it alike")
+                known[2].append(array)
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.readers == 0)
+        try:
+            await update([(v, kind, arrays, agg) for v, (kind, agg, arrays) in by_var.items()])
+        finally:
+            self.global_step += 1
+            self.applying = False
+            await self._notify()
+
+    async def wait_barrier(self, step: int | None) -> str:
+        """After an accepted push: wait until its step's update is applied (ACCEPTED), or until
+        the coordinator releases the barrier because a worker was lost ("released")."""
+        step = self.global_step if step is None else step
+        release = self._release
+        async with self.cond:
+            await self.cond.wait_for(
+                lambda: self.global_step > step or self._release != release)
+        return ACCEPTED if self.global_step > step else "released"
+
+    async def release(self) -> None:
+        """Let the workers waiting at the barrier go (a worker was lost: its work is re-run
+        elsewhere, possibly by one of them)."""
+        self._release += 1
+        await self._notify()
+
+    async def begin_read(self, step: int | None) -> int:
+        """Wait until no update is being applied (and the global step reached `step`), then
+        count a reader in; returns the global step the read sees."""
+        async with self.cond:
+            await self.cond.wait_for(
+                lambda: not self.applying and (step is None or self.global_step >= step))
+            self.readers += 1
+        return self.global_step
+
+    async def end_read(self) -> None:
+        self.readers -= 1
+        if self.readers == 0:
+            await self._notify()
+
+
+def aggregate(agg: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The values one aggregated update applies, in order: one for SUM / MEAN /
+    ONLY_FIRST_REPLICA; for NONE each worker's own, one after another."""
+    if agg == "NONE":
+        return list(arrays)
+    if agg == "ONLY_FIRST_REPLICA":
+        return [arrays[0]]
+    total = arrays[0].copy()
+    for a in arrays[1:]:
+        total += a
+    if agg == "MEAN":
+        if total.dtype.kind in "iub":
+            raise ValueError("aggregation MEAN of integer values")
+        total /= len(arrays)
+    return [total]
+

@@ -1,0 +1,287 @@
+"""What runs on a parameter-server *worker*: the `ParameterServerWorker` actor, which runs the
+functions the coordinator schedules, and the replica context they see.
+
+Workers hold no authoritative copy of anything: inside a scheduled function a variable read
+pulls from the variable's parameter server, and `assign*` pushes to it (async mode: applied on
+arrival; sync mode: the function's writes are pushed together when it returns, one contribution
+per function, as SyncReplicas' apply_gradients). Never imports strategies (DESIGN.md layers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import pickle
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from labdist import nest
+from labdist.backend import NUMPY
+from labdist.collectives import LocalCommunicator
+from labdist.errors import OutOfRangeError, ParameterServerLostError
+from labdist.parameter_server import remote
+from labdist.worker.context import ReplicaContext, enter
+
+
+@dataclass(frozen=True)
+class PerWorkerIterator:
+    """A handle to an iterator that lives on every worker: inside a scheduled function it is
+    that worker's own iterator (TF's PerWorkerValues of iterators)."""
+
+    dataset_id: str
+    iterator_id: int
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """What a per-worker `dataset_fn(input_context)` learns about where it runs (TF's names)."""
+
+    num_input_pipelines: int
+    input_pipeline_id: int
+    num_replicas_in_sync: int = 1
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
+                             f"num_replicas_in_sync={self.num_replicas_in_sync}")
+        return global_batch_size // self.num_replicas_in_sync
+
+
+class WorkerStrategy:
+    """What a `ParameterServerStrategy` captured in a scheduled function becomes on the worker:
+    `strategy.run(fn, args)` inside a scheduled function runs `fn` there (one replica)."""
+
+    num_replicas_in_sync = 1
+
+    def run(self, fn, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return fn(*args, **(kwargs or {}))
+
+    def scope(self):
+        return contextlib.nullcontext(self)
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        return (value,)
+
+
+class ParameterServerWorker:
+    """The Dask actor on each worker: runs scheduled functions on its own threads."""
+
+    def __init__(self, index: int, num_workers: int, stores: list[tuple[str, str]],
+                 settings: dict):
+        from distributed import get_worker
+
+        worker = get_worker()
+        self.index = index
+        self.num_workers = num_workers
+        self.address = worker.address
+        self.stores = stores
+        self.sync = settings["mode"] == "sync"
+        self.bounded = settings["staleness_bound"] is not None
+        self.delay = 0.0
+        self.placement: dict[int, int] = {}
+        self.datasets: dict[str, Any] = {}
+        self.iterators: dict[tuple[str, int], Any] = {}
+        self._loop = worker.loop.asyncio_loop
+        self._rpc = worker.rpc
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
+        self._fn: tuple[bytes | None, Any] = (None, None)
+
+    async def info(self) -> dict:
+        return {"address": self.address, "pid": os.getpid(), "index": self.index}
+
+    async def set_delay(self, seconds: float) -> None:
+        self.delay = float(seconds)
+
+    async def make_dataset(self, dataset_id: str, fn_bytes: bytes) -> None:
+        """Call the per-worker `dataset_fn` here (with an InputContext if it takes one)."""
+        import cloudpickle
+
+        fn = cloudpickle.loads(fn_bytes)
+        takes_context = bool(inspect.signature(fn).parameters)
+        ctx = InputContext(self.num_workers, self.index)
+        self.datasets[dataset_id] = fn(ctx) if takes_context else fn()
+
+    async def run(self, fn_bytes: bytes, args: tuple, kwargs: dict, placement: dict | None,
+                  key: tuple) -> tuple:
+        """Run a scheduled function; returns ("ok", result), ("error", exception, traceback)
+        or ("ps_lost", message). Errors come back as values: a raised one would look like
+        this worker failing."""
+        if placement is not None:
+            self.placement = placement
+        return await asyncio.wrap_future(
+            self._pool.submit(self._run, fn_bytes, args, kwargs, key))
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- on a function's thread -------------------------------------------------------------
+    def _run(self, fn_bytes, args, kwargs, key) -> tuple:
+        ctx = WorkerContext(self, key)
+        try:
+            fn = self._load(fn_bytes)
+            if self.bounded:
+                self.call_all([(0, "ssp_begin", (self.index,))])
+            args, kwargs = self._resolve(args), self._resolve(kwargs)
+            with enter(ctx):
+                result = fn(*args, **kwargs)
+            ctx._flush()
+            pickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it travel?
+            return ("ok", result)
+        except ParameterServerLostError as e:
+            return ("ps_lost", str(e))
+        except StopIteration:
+            error = OutOfRangeError(f"a per-worker iterator on worker {self.index} is exhausted "
+                                    "(its dataset has no more elements)")
+            return ("error", error, traceback.format_exc())
+        except BaseException as e:  # the function's own error, reported to the driver
+            return ("error", _picklable(e), traceback.format_exc())
+
+    def _load(self, fn_bytes: bytes):
+        if fn_bytes != self._fn[0]:
+            import cloudpickle
+
+            self._fn = (fn_bytes, cloudpickle.loads(fn_bytes))
+        return self._fn[1]
+
+    def _resolve(self, tree: Any) -> Any:
+        def local(x):
+            if not isinstance(x, PerWorkerIterator):
+                return x
+            slot = (x.dataset_id, x.iterator_id)
+            if slot not in self.iterators:
+                if x.dataset_id not in self.datasets:
+                    raise ValueError(f"per-worker dataset {x.dataset_id} was not created on "
+                                     f"worker {self.index}")
+                self.iterators[slot] = iter(self.datasets[x.dataset_id])
+            return self.iterators[slot]
+
+        return nest.map_structure(local, tree)
+
+    def call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        """Call parameter servers concurrently: (shard, method, args) each; raises
+        ParameterServerLostError naming a PS that cannot be reached."""
+        async def gather():
+            return await asyncio.gather(
+                *(remote.call(self._rpc, *self.stores[s], m, *a) for s, m, a in calls),
+                return_exceptions=True)
+
+        results = asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
+        for (shard, _, _), r in zip(calls, results, strict=True):
+            if isinstance(r, remote.COMM_ERRORS):
+                raise ParameterServerLostError(
+                    f"parameter server {shard} (worker {self.stores[shard][0]}) could not be "
+                    f"reached from worker {self.index}: {type(r).__name__}: {r}")
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+
+class _ReplicaView:
+    """The replica a variable handle sees inside a scheduled function: one replica, host
+    arrays, and copies that come from the parameter servers."""
+
+    rank = 0
+    world = 1
+    backend = NUMPY
+
+    def __init__(self, ctx: WorkerContext):
+        self._ctx = ctx
+        self.comm = LocalCommunicator()
+        self.diverged: set[int] = set()
+
+    def copy_of(self, var_id: int, name: str = "variable") -> np.ndarray:
+        return self._ctx._pull([var_id], name=name)[var_id]
+
+
+class WorkerContext(ReplicaContext):
+    """`ld.get_replica_context()` inside a scheduled function (one replica per worker, as in
+    TF's ParameterServerStrategy), plus the pull / push calls variables and fit use."""
+
+    def __init__(self, executor: ParameterServerWorker, key: tuple):
+        super().__init__(_ReplicaView(self), run_id=0,
+                         merge_handler=lambda fn, args, kw: fn(WorkerStrategy(), *args, **kw))
+        self._executor = executor
+        self._key = key
+        self._basis: dict[int, int] = {}  # shard -> what its last pull returned
+        self._pending: list[tuple] = []  # sync mode: this function's writes
+
+    @property
+    def worker_index(self) -> int:
+        """Which worker runs this function (0 .. num_workers - 1)."""
+        return self._executor.index
+
+    def _shards(self, var_ids, names: dict[int, str] | None = None) -> dict[int, list[int]]:
+        by_shard: dict[int, list[int]] = {}
+        for v in var_ids:
+            shard = self._executor.placement.get(v)
+            if shard is None:
+                name = (names or {}).get(v, f"#{v}")
+                raise ValueError(f"Variable {name!r} does not live on this strategy's parameter "
+                                 "servers: create it under the strategy's scope()")
+            by_shard.setdefault(shard, []).append(v)
+        return by_shard
+
+    def _pull(self, var_ids, step: int | None = None, name: str | None = None
+              ) -> dict[int, np.ndarray]:
+        """Read variables from their parameter servers (one call per PS, concurrently); with
+        `step` (sync), wait until the global step reaches it."""
+        by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
+        calls = [(s, "pull", (self.worker_index, ids, step)) for s, ids in by_shard.items()]
+        values: dict[int, np.ndarray] = {}
+        for (shard, _, _), (got, basis) in zip(
+                calls, self._executor.call_all(calls), strict=True):
+            values.update(got)
+            self._basis[shard] = basis
+        return values
+
+    def _push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
+              want: bool = False) -> tuple[set[str], dict[int, np.ndarray]]:
+        """Send (var_id, kind, array, aggregation) items to their parameter servers; returns
+        the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values."""
+        if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
+            time.sleep(self._executor.delay)
+        by_shard = self._shards([item[0] for item in items])
+        calls = []
+        for shard, ids in by_shard.items():
+            mine = [item for item in items if item[0] in ids]
+            basis = step if step is not None else self._basis.get(shard)
+            calls.append((shard, "push", (self.worker_index, mine, basis, key or self._key,
+                                          want)))
+        statuses, values = set(), {}
+        for r in self._executor.call_all(calls):
+            statuses.add(r["status"])
+            values.update(r["values"] or {})
+        return statuses, values
+
+    def _remote_update(self, var, mode: str, value: Any, read_value: bool) -> Any:
+        """The hook variables.py calls for assign / assign_add / assign_sub in here."""
+        arr, _ = var._prepare(value, NUMPY, mode, on_device=True)
+        item = (var._id, mode, np.array(arr, copy=True), var.aggregation.name)
+        if self._executor.sync:
+            self._pending.append(item)  # pushed with the function's other writes at its end
+            return None
+        _, values = self._push([item], want=read_value)
+        return values.get(var._id) if read_value else None
+
+    def _flush(self) -> None:
+        if self._pending:
+            items, self._pending = self._pending, []
+            self._push(items)
+
+    def __repr__(self) -> str:
+        return f"WorkerContext(worker_index={self.worker_index}, num_replicas_in_sync=1)"
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.dumps(error)
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
