@@ -114,7 +114,7 @@ def main() -> None:
                 tf_rate = tensorflow_steps_per_s(x, y, batch, spe)
                 label = f"TF MirroredStrategy(2 CPUs), batch {batch}, spe {spe}"
                 if isinstance(tf_rate, str):
-                    print(f"{label:<44}{tf_rate:>20}")
+                    print(f"{label:<44}  {tf_rate}")
                 elif tf_rate is not None:
                     print(f"{label:<44}{tf_rate:>10.1f}{tf_rate / base:>9.2f}x")
 
