@@ -213,6 +213,12 @@ class Sequential:
         return list(self._strategy.experimental_local_results(out))
 
     # -- weights ------------------------------------------------------------------------------
+    @property
+    def weights(self) -> list[Variable]:
+        """The model's distributed variables (Keras' `model.weights`): pass one to
+        `strategy.experimental_local_results` to see every replica's copy."""
+        return [v for w in self._weights for v in w.values()]
+
     def get_weights(self) -> list[np.ndarray]:
         return [v.numpy() for w in self._weights for v in w.values()]
 

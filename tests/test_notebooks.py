@@ -1,0 +1,85 @@
+"""Every notebook in notebooks/ is committed without outputs and runs top to bottom, headless,
+in a real kernel of this interpreter (nbclient). New notebooks are picked up automatically."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+CELL_TIMEOUT_S = 180  # one cell
+NOTEBOOK_TIMEOUT_S = 300  # a whole notebook, kernel start included
+_LINK = re.compile(r"\]\(([^)#\s]+\.ipynb)(?:#[^)]*)?\)")
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.stem for p in paths]
+
+
+def kernel_manager(tmp_path: Path, python: str = sys.executable) -> KernelManager:
+    """A kernel of exactly `python`: a kernelspec of our own, so a user-wide `python3` kernel
+    of another environment can never be picked up instead."""
+    spec_dir = tmp_path / "kernels" / "labdist-test"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "labdist test", "language": "python"}))
+    specs = KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    return KernelManager(kernel_name="labdist-test", kernel_spec_manager=specs)
+
+
+def execute(path: Path, tmp_path: Path, python: str = sys.executable) -> nbformat.NotebookNode:
+    """Run a notebook in its own folder; raises CellExecutionError naming the failing cell."""
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, km=kernel_manager(tmp_path, python), timeout=CELL_TIMEOUT_S,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    return nb
+
+
+def test_the_notebooks_are_there():
+    names = {p.name for p in NOTEBOOKS}
+    for name in ("01_variable_synchronization.ipynb", "02_variable_aggregation.ipynb",
+                 "03_mirrored_training.ipynb"):
+        assert name in names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_committed_without_outputs(path: Path):
+    """Outputs, execution counts and widget state stay out of git (they change every run)."""
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", path.name
+    assert "widgets" not in nb.metadata, f"{path.name}: widget state is committed"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {i} has outputs"
+            assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
+        assert not cell.metadata.get("execution"), f"{path.name} cell {i} has timing metadata"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_links_between_notebooks_resolve(path: Path):
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                     if c.cell_type == "markdown")
+    for target in _LINK.findall(text):
+        assert (path.parent / target).is_file(), f"{path.name} links to missing {target}"
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
+    nb = execute(path, tmp_path)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count is not None for c in code)
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
