@@ -35,6 +35,7 @@ class ChunkedValue:
         self._write_lock = threading.Lock()  # use_locking: one update at a time
         self.in_flight = 0
         self.started = 0  # updates begun: the optimizer's step count for this variable
+        self.completed = 0  # updates finished
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -67,29 +68,31 @@ class ChunkedValue:
         return value, min(finished), torn
 
     # -- updates ----------------------------------------------------------------------------
-    def update(self, kernel: Kernel, locking: bool, delay: float = 0.0) -> bool:
+    def update(self, kernel: Kernel, locking: bool, delay: float = 0.0) -> tuple[bool, int]:
         """Apply `kernel` to every chunk in order (sleeping `delay` between chunks, a test and
-        lab knob). Returns True when another update of this variable was in flight when this
-        one began (the updates interleaved)."""
+        lab knob). Returns (whether another update of this variable was in flight when this
+        one began — they interleaved, how many updates had finished when it began — with
+        locking, once it held the lock: the staleness of a gradient is measured from it)."""
         if locking:
             with self._write_lock:
                 return self._copy_on_write(kernel, delay)
         return self._in_place(kernel, delay)
 
-    def _begin(self) -> tuple[bool, int]:
+    def _begin(self) -> tuple[bool, int, int]:
         with self._meta:
             self.in_flight += 1
             self.started += 1
-            return self.in_flight > 1, self.started
+            return self.in_flight > 1, self.completed, self.started
 
     def _end(self) -> None:
         with self._meta:
             self.in_flight -= 1
+            self.completed += 1
 
-    def _in_place(self, kernel: Kernel, delay: float) -> bool:
+    def _in_place(self, kernel: Kernel, delay: float) -> tuple[bool, int]:
         data, stamps = self._snap
         flat = data.reshape(-1)
-        overlapped, step = self._begin()
+        overlapped, prior, step = self._begin()
         last = len(self.bounds) - 1
         try:
             for k, (lo, hi) in enumerate(self.bounds):
@@ -104,13 +107,13 @@ class ChunkedValue:
                     time.sleep(delay)
         finally:
             self._end()
-        return overlapped
+        return overlapped, prior
 
-    def _copy_on_write(self, kernel: Kernel, delay: float) -> bool:
+    def _copy_on_write(self, kernel: Kernel, delay: float) -> tuple[bool, int]:
+        overlapped, prior, step = self._begin()
         data, stamps = self._snap
         new = data.copy()
         flat = new.reshape(-1)
-        overlapped, step = self._begin()
         last = len(self.bounds) - 1
         try:
             for k, (lo, hi) in enumerate(self.bounds):
@@ -121,7 +124,7 @@ class ChunkedValue:
             self._snap = (new, [version] * len(stamps))  # published whole
         finally:
             self._end()
-        return overlapped
+        return overlapped, prior
 
 
 def make_kernel(kind: str, source: np.ndarray, optimizer=None,

@@ -34,11 +34,12 @@ class StalenessBound:
     async def begin(self, worker: int) -> float:
         """`worker` is about to start a function: count it, wait while it is too far ahead.
         Returns the seconds it waited."""
-        if worker not in self.active:
+        if worker not in self.active:  # (re)joining: level with the slowest present
             others = [self.started[v] for v in self.active]
-            self.started[worker] = max(self.started.get(worker, 0), min(others, default=0))
+            self.started[worker] = max(self.started.get(worker, 0) + 1, min(others, default=0))
             self.active.add(worker)
-        self.started[worker] += 1
+        else:
+            self.started[worker] += 1
         waited = 0.0
         async with self.cond:
             self.cond.notify_all()  # a worker waiting for this one may go now

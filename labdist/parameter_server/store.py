@@ -123,33 +123,34 @@ class ParameterStore:
 
     # -- the workers' calls -------------------------------------------------------------------
     async def pull(self, worker: int, var_ids: list[int], step: int | None = None):
-        """(values, basis): copies of the variables and what a later push quotes as the read
-        it was computed from: this shard's update count (async) or global step (sync; with
-        `step`, wait for that step first: the barrier of step-bound work)."""
+        """(values, versions, step): copies of the variables, the updates whole in each (what a
+        later push quotes as the read its gradient was computed from), and the global step
+        (sync: with `step`, wait for that step first — the barrier of step-bound work)."""
         chunks = [self._value(v) for v in var_ids]
         if self.sync is None:
-            basis = self.clock
-            values, torn = await self._run(_read_all, chunks)
+            values, versions, torn = await self._run(_read_all, chunks)
+            at = self.clock
         else:
-            basis = await self.sync.begin_read(step)
+            at = await self.sync.begin_read(step)
             try:
-                values, torn = await self._run(_read_all, chunks)
+                values, versions, torn = await self._run(_read_all, chunks)
             finally:
                 await self.sync.end_read()
         self.counters.read(len(var_ids), torn)
-        return dict(zip(var_ids, values, strict=True)), basis
+        return (dict(zip(var_ids, values, strict=True)),
+                dict(zip(var_ids, versions, strict=True)), at)
 
     async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
-                   basis: int | None = None, key: tuple | None = None,
-                   want: bool = False) -> dict:
-        """Apply one worker's updates: (var_id, kind, array, aggregation) items, `basis` from
-        the pull they were computed from (None: a blind write). Async: applied now; sync:
-        accumulated, and this call returns once the step's update is applied (or at once if
-        the push is stale)."""
+                   basis: dict[int, int] | None = None, step: int | None = None,
+                   key: tuple | None = None, want: bool = False) -> dict:
+        """Apply one worker's updates: (var_id, kind, array, aggregation) items. Async: applied
+        now; `basis` holds the versions the worker read (none for a blind write). Sync: tagged
+        with the global `step` it read, accumulated, and this call returns once the step's
+        update is applied (or at once when the push is stale)."""
         self._check(items)
         if self.sync is None:
-            return await self._run(self._apply_async, worker, items, basis, want)
-        verdict = self.sync.offer(key or ("blind", id(items)), worker, basis, items)
+            return await self._run(self._apply_async, worker, items, basis or {}, want)
+        verdict = self.sync.offer(key or ("blind", id(items)), worker, step, items)
         if verdict == STALE:
             self.counters.dropped_stale(worker)
             return {"status": STALE, "global_step": self.sync.global_step, "values": None}
@@ -160,7 +161,7 @@ class ParameterStore:
             await self.sync.apply(lambda batch: self._run(self._apply_batch, batch, step))
             status = "accepted"
         else:
-            status = await self.sync.wait_barrier(basis)
+            status = await self.sync.wait_barrier(step)
         values = await self._run(self._values_of, items) if want else None
         return {"status": status, "global_step": self.sync.global_step, "values": values}
 
@@ -177,7 +178,8 @@ class ParameterStore:
                 raise ValueError(f"variable #{var_id}: a gradient was pushed but no optimizer "
                                  "is bound to it on this parameter server")
 
-    def _update(self, var_id: int, kind: str, array: np.ndarray, step: int | None) -> bool:
+    def _update(self, var_id: int, kind: str, array: np.ndarray, step: int | None
+                ) -> tuple[bool, int]:
         if kind == "gradient":
             optimizer, slot_ids = self.optimizers[var_id]
             slots = {name: self.values[s].array() for name, s in slot_ids.items()}
@@ -186,15 +188,20 @@ class ParameterStore:
             kernel = make_kernel(kind, array)
         return self.values[var_id].update(kernel, self.use_locking, self.chunk_delay)
 
-    def _apply_async(self, worker, items, basis, want) -> dict:
-        with self._clock_lock:
-            start = self.clock
-        interleaved = sum(self._update(v, kind, a, None) for v, kind, a, _ in items)
+    def _apply_async(self, worker, items, basis: dict[int, int], want) -> dict:
+        """Apply a push now. Its staleness: the most updates that landed on one of its
+        variables between the worker's read and this update's start."""
+        staleness, interleaved = None, 0
+        for var_id, kind, array, _ in items:
+            overlapped, prior = self._update(var_id, kind, array, None)
+            interleaved += overlapped
+            if var_id in basis:
+                late = max(prior - basis[var_id], 0)
+                staleness = late if staleness is None else max(staleness, late)
         with self._clock_lock:
             self.clock += 1
             clock = self.clock
-        self.counters.applied(worker, None if basis is None else max(start - basis, 0),
-                              interleaved)
+        self.counters.applied(worker, staleness, interleaved)
         return {"status": "applied", "global_step": clock,
                 "values": self._values_of(items) if want else None}
 
@@ -207,10 +214,11 @@ class ParameterStore:
         return {v: self.values[v].read()[0] for v, *_ in items}
 
 
-def _read_all(chunks: list[ChunkedValue]) -> tuple[list[np.ndarray], int]:
-    values, torn = [], 0
+def _read_all(chunks: list[ChunkedValue]) -> tuple[list[np.ndarray], list[int], int]:
+    values, versions, torn = [], [], 0
     for c in chunks:
-        value, _, was_torn = c.read()
+        value, version, was_torn = c.read()
         values.append(value)
+        versions.append(version)
         torn += was_torn
-    return values, torn
+    return values, versions, torn

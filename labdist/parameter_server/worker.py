@@ -38,6 +38,13 @@ class PerWorkerIterator:
     dataset_id: str
     iterator_id: int
 
+    def __iter__(self) -> PerWorkerIterator:
+        return self
+
+    def __next__(self):
+        raise TypeError("a per-worker iterator is read inside scheduled functions: pass it "
+                        "to coordinator.schedule(fn, args=(iterator,)) and call next() there")
+
 
 @dataclass(frozen=True)
 class InputContext:
@@ -209,7 +216,8 @@ class WorkerContext(ReplicaContext):
                          merge_handler=lambda fn, args, kw: fn(WorkerStrategy(), *args, **kw))
         self._executor = executor
         self._key = key
-        self._basis: dict[int, int] = {}  # shard -> what its last pull returned
+        self._versions: dict[int, int] = {}  # var_id -> the version its last pull saw
+        self._steps: dict[int, int] = {}  # shard -> the global step its last pull saw
         self._pending: list[tuple] = []  # sync mode: this function's writes
 
     @property
@@ -235,10 +243,11 @@ class WorkerContext(ReplicaContext):
         by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
         calls = [(s, "pull", (self.worker_index, ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
-        for (shard, _, _), (got, basis) in zip(
+        for (shard, _, _), (got, versions, at) in zip(
                 calls, self._executor.call_all(calls), strict=True):
             values.update(got)
-            self._basis[shard] = basis
+            self._versions.update(versions)
+            self._steps[shard] = at
         return values
 
     def _push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
@@ -251,9 +260,10 @@ class WorkerContext(ReplicaContext):
         calls = []
         for shard, ids in by_shard.items():
             mine = [item for item in items if item[0] in ids]
-            basis = step if step is not None else self._basis.get(shard)
-            calls.append((shard, "push", (self.worker_index, mine, basis, key or self._key,
-                                          want)))
+            basis = {v: self._versions[v] for v in ids if v in self._versions}
+            at = step if step is not None else self._steps.get(shard)
+            calls.append((shard, "push", (self.worker_index, mine, basis, at,
+                                          key or self._key, want)))
         statuses, values = set(), {}
         for r in self._executor.call_all(calls):
             statuses.add(r["status"])

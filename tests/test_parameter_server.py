@@ -1,0 +1,350 @@
+"""ParameterServerStrategy and ClusterCoordinator on real worker processes (SEMANTICS.md §5,
+DESIGN.md "Parameter servers", issue 4): variables on ParameterStore actors, workers that pull
+and push, torn reads made certain (not likely) and counted, use_locking, staleness and its
+bound, SyncReplicas with backups, and sync mode against MirroredStrategy.
+
+One LocalCluster of 4 worker processes serves the whole module: strategies place their actors
+on it and leave it running. Torn reads are made certain by design: large variables in many
+chunks, a test knob that sleeps between chunks, and functions that wait for each other through
+a flag variable before they race.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from distributed import Client
+
+import labdist as ld
+from labdist.cluster import start_local_cluster
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = start_local_cluster(4)
+    client = Client(cluster, direct_to_workers=True, set_as_default=False)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def digits():
+    (x, y), (x_val, y_val) = ld.datasets.digits.load_data()
+    return x[:1408], y[:1408], x_val, y_val  # 22 batches of 64: even shards on 2 workers
+
+
+def mlp(strategy, optimizer, hidden=128):
+    with strategy.scope():
+        model = ld.models.Sequential([
+            ld.layers.Dense(hidden, activation="relu", input_shape=(64,)),
+            ld.layers.Dense(10, activation="softmax")])
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=optimizer,
+                      metrics=["accuracy"])
+    return model
+
+
+# -- the API at its boundary -----------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"mode": "hogwild"}, r"mode='hogwild'.*allowed: async, sync"),
+    ({"num_ps": 0}, r"num_ps=0"),
+    ({"num_workers": 0}, r"num_workers=0"),
+    ({"chunk_size": 0}, r"chunk_size=0"),
+    ({"use_locking": "yes"}, r"use_locking='yes'"),
+    ({"staleness_bound": -1}, r"staleness_bound=-1"),
+    ({"replicas_to_aggregate": 2}, r"replicas_to_aggregate.*mode='sync'"),
+    ({"mode": "sync", "staleness_bound": 1}, r"staleness_bound=1 is for mode='async'"),
+    ({"mode": "sync", "replicas_to_aggregate": 3, "total_num_replicas": 2},
+     r"replicas_to_aggregate=3 cannot exceed total_num_replicas=2"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ld.ParameterServerStrategy(**kwargs)
+
+
+def test_sync_sizes_are_checked_against_the_workers_present(client):
+    with pytest.raises(ValueError, match=r"total_num_replicas=4 but only 3 worker"):
+        ld.ParameterServerStrategy(client, num_ps=1, mode="sync", total_num_replicas=4)
+    with pytest.raises(ValueError, match=r"num_workers=9 but the cluster has 4"):
+        ld.ParameterServerStrategy(client, num_workers=9, connect_timeout=0.5)
+    assert not [k for keys in client.has_what().values() for k in keys if "labdist-ps" in k]
+
+
+# -- variables live on the parameter servers ------------------------------------------------
+def test_variables_are_sharded_round_robin_on_parameter_servers_of_their_own(client):
+    with ld.ParameterServerStrategy(client, num_workers=2, num_ps=2) as s:
+        assert s.num_replicas_in_sync == 1
+        assert len(set(s.parameter_servers)) == 2
+        assert set(s.parameter_servers).isdisjoint(s.workers)
+        with s.scope():
+            vs = [ld.Variable(float(i), name=f"v{i}") for i in range(5)]
+            total = ld.Variable(10.0, synchronization="ON_READ", aggregation="SUM")
+        assert [s.parameter_server_of(v) for v in vs] == [0, 1, 0, 1, 0]
+        with s.scope():  # cross-replica context on the driver reads and writes the PS copy
+            vs[1].assign(7.0)
+            vs[2].assign_add(2.5)
+            assert total.assign(5.0) == 5.0  # ON_READ SUM over one copy: stored as is
+        assert [float(v.numpy()) for v in vs[:3]] == [0.0, 7.0, 4.5]
+        assert len(s.experimental_local_results(vs[1])) == 1
+
+        pids = {addr: pid for addr, pid in client.run(os.getpid).items()}
+        ps_pids = {pids[a] for a in s.parameter_servers}
+
+        def look(v):  # on a worker: reads come from the PS, the worker keeps nothing
+            return os.getpid(), float(v.read_value())
+
+        pid, seen = s.run(look, args=(vs[1],))
+        assert pid not in ps_pids and pid in {pids[a] for a in s.workers}
+        assert seen == 7.0
+        with s.scope():
+            vs[1].assign(8.0)
+        assert s.run(look, args=(vs[1],))[1] == 8.0
+        with pytest.raises(NotImplementedError, match="extended.update"), s.scope():
+            s.extended.update(vs[0], lambda v, d: v.assign_add(d), args=(1.0,))
+
+
+def test_async_updates_are_pushed_and_counted_per_worker(client):
+    with ld.ParameterServerStrategy(client, num_workers=3, use_locking=True) as s:
+        with s.scope():
+            counter = ld.Variable(np.zeros(4, np.float32), name="counter")
+        coordinator = ld.ClusterCoordinator(s)
+        assert ld.ClusterCoordinator(s) is coordinator  # one per strategy, as in TF
+
+        def bump(k):
+            ctx = ld.get_replica_context()
+            before = counter.read_value()
+            after = counter.assign_add(np.full(4, k, np.float32))
+            return ctx.worker_index, before, after
+
+        values = [coordinator.schedule(bump, args=(1.0,)) for _ in range(30)]
+        coordinator.join()
+        results = [v.fetch() for v in values]
+        np.testing.assert_array_equal(counter.numpy(), np.full(4, 30.0))  # nothing lost
+        stats = s.stats()
+        workers = {w for w, _, _ in results}
+        assert workers <= {0, 1, 2} and len(workers) >= 2
+        assert sum(stats.updates_per_worker.values()) == stats.updates == 30
+        assert stats.updates_per_worker == {w: sum(r[0] == w for r in results) for w in workers}
+        assert sum(stats.staleness.values()) == 30 and stats.torn_reads == 0
+        assert stats.global_step == 30
+        # every after is a value the counter really held, and includes the worker's own push
+        assert all((a - b)[0] >= 1.0 for _, b, a in results)
+
+
+# -- the coordinator ----------------------------------------------------------------------------
+def test_per_worker_datasets_errors_and_strategy_inside_functions(client):
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        coordinator = ld.ClusterCoordinator(s)
+
+        def dataset_fn(input_context):
+            w = input_context.input_pipeline_id
+            return [(w, i) for i in range(20)]
+
+        per_worker = coordinator.create_per_worker_dataset(dataset_fn)
+        iterator = iter(per_worker)
+
+        def take(it):
+            return ld.get_replica_context().worker_index, next(it)
+
+        values = [coordinator.schedule(take, args=(iterator,)) for _ in range(8)]
+        coordinator.join()
+        seen: dict[int, list[int]] = {}
+        for worker, (pipeline, i) in (v.fetch() for v in values):
+            assert pipeline == worker  # each worker reads its own dataset
+            seen.setdefault(worker, []).append(i)
+        for items in seen.values():
+            assert items == list(range(len(items)))  # in order, no element twice
+
+        # a dataset runs out: OutOfRangeError, and the coordinator stays usable
+        more = [coordinator.schedule(take, args=(iterator,)) for _ in range(40)]
+        with pytest.raises(ld.OutOfRangeError, match="exhausted"):
+            coordinator.join()
+        assert any(v.done() for v in more)
+
+        def broken(x):
+            raise KeyError(f"bad {x}")
+
+        failed = coordinator.schedule(broken, args=(3,))
+        with pytest.raises(KeyError, match="bad 3") as info:
+            coordinator.join()
+        assert any("raised by a scheduled function on worker" in n
+                   for n in info.value.__notes__)
+        with pytest.raises(KeyError):
+            failed.fetch()
+
+        def nested(strategy):  # TF style: strategy.run inside the scheduled function
+            return strategy.run(lambda a: a * 2, args=(21,)), strategy.num_replicas_in_sync
+
+        assert coordinator.schedule(nested, args=(s,)).fetch() == (42, 1)
+        with pytest.raises(TypeError, match="not callable"):
+            coordinator.schedule(3)
+
+
+# -- torn reads and use_locking (SEMANTICS.md §5), certain by design -------------------------
+def race(strategy):
+    """Three functions on three workers: a reader that flags it is reading, then two writers
+    that wait for the flag and add 1 to every element of a 64-chunk variable at the same
+    time. Returns (states the reader saw, torn arrays it saw, the final value)."""
+    with strategy.scope():
+        big = ld.Variable(np.zeros(64 * 512, np.float32), name="big")
+        flag = ld.Variable(0.0, name="flag")
+        done = ld.Variable(0.0, name="done")
+    strategy._set_chunk_delay(0.01)  # an update takes >= 0.63 s
+    strategy.reset_stats()
+    coordinator = ld.ClusterCoordinator(strategy)
+
+    def reader():
+        flag.assign(1.0)
+        states, torn = set(), 0
+        deadline = time.monotonic() + 30
+        while float(done.read_value()) < 2 and time.monotonic() < deadline:
+            a = big.numpy()
+            torn += bool(a.min() != a.max())
+            states.add((float(a.min()), float(a.max())))
+        return states, torn
+
+    def writer():
+        while float(flag.read_value()) < 1:
+            time.sleep(0.002)
+        big.assign_add(np.ones(64 * 512, np.float32))
+        done.assign_add(1.0)
+
+    seen = coordinator.schedule(reader)
+    for _ in range(2):
+        coordinator.schedule(writer)
+    coordinator.join()
+    strategy._set_chunk_delay(0.0)
+    states, torn = seen.fetch()
+    return states, torn, big.numpy()
+
+
+def test_without_locking_updates_interleave_and_reads_are_torn(client):
+    with ld.ParameterServerStrategy(client, num_workers=3, chunk_size=512) as s:
+        states, torn, final = race(s)
+        stats = s.stats()
+    assert torn > 0  # the reader saw arrays half updated (some chunks ahead of others)
+    assert stats.torn_reads >= torn  # ... and the version stamps caught every one of them
+    assert stats.interleaved_updates >= 1  # the two updates were applied at the same time
+    assert final.min() >= 1 and final.max() <= 2  # in place, unlocked: updates may be lost
+
+
+def test_with_locking_updates_are_serialised_and_reads_never_torn(client):
+    with ld.ParameterServerStrategy(client, num_workers=3, chunk_size=512,
+                                    use_locking=True) as s:
+        states, torn, final = race(s)
+        stats = s.stats()
+    assert torn == 0 and stats.torn_reads == 0
+    assert stats.interleaved_updates == 0
+    assert {(0.0, 0.0), (1.0, 1.0)} <= states  # the reads overlapped the updates, no lock
+    np.testing.assert_array_equal(final, 2.0)  # serialised: nothing lost
+
+
+# -- training in every mode: the done-when of issue 4 ---------------------------------------
+EPOCHS, TARGET_LOSS = 4, 0.3
+MODES = {
+    "async": dict(mode="async"),
+    "async+locking": dict(mode="async", use_locking=True),
+    "sync+backup": dict(mode="sync", total_num_replicas=3, replicas_to_aggregate=2),
+}
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_training_reaches_the_target_loss_and_stats_show_the_mode(client, name):
+    x, y, x_val, y_val = digits()
+    workers = 3 if name == "sync+backup" else 2
+    with ld.ParameterServerStrategy(client, num_workers=workers, chunk_size=256,
+                                    **MODES[name]) as s:
+        model = mlp(s, ld.optimizers.Adam(0.01))
+        if name.startswith("async"):
+            s._set_chunk_delay(0.001)  # each push spends ~40 ms applying, chunk by chunk
+            s.set_worker_delay(1, 0.015)  # and the workers drift apart (no lockstep)
+        else:
+            s.set_worker_delay(2, 0.05)  # a straggler: its gradients come late
+        history = model.fit(x, y, epochs=EPOCHS, batch_size=64, verbose=0)
+        stats = s.stats()
+        val_loss, val_acc = model.evaluate(x_val, y_val, verbose=0)
+    assert history.history["loss"][-1] < TARGET_LOSS and val_loss < 0.4 and val_acc > 0.9
+    steps = EPOCHS * 22
+    if name == "async":
+        assert stats.torn_reads > 0 and stats.interleaved_updates > 0
+        assert stats.updates == steps and stats.max_staleness >= 1
+    elif name == "async+locking":
+        assert stats.torn_reads == 0 and stats.interleaved_updates == 0
+        assert stats.updates == steps and stats.max_staleness >= 1
+    else:
+        assert stats.global_step == steps  # one update per step
+        assert stats.staleness == {0: stats.updates}  # only fresh gradients are used
+        assert stats.updates == 2 * steps  # replicas_to_aggregate per step
+        assert stats.dropped_stale == steps  # the third of every step came late
+        assert stats.torn_reads == 0
+    assert set(stats.updates_per_worker) <= set(range(workers))
+    assert sum(stats.updates_per_worker.values()) == stats.updates
+
+
+def test_sync_mode_gives_mirrored_strategys_weights(client):
+    """All workers aggregated, SGD: SyncReplicas on parameter servers and MirroredStrategy are
+    the same algorithm; the weights match."""
+    x, y, _, _ = digits()
+    results = []
+    for strategy in (ld.ParameterServerStrategy(client, num_workers=2, mode="sync"),
+                     ld.MirroredStrategy(cluster=client, num_replicas=2)):
+        with strategy:
+            model = mlp(strategy, ld.optimizers.SGD(0.1, momentum=0.5), hidden=32)
+            history = model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
+            results.append((model.get_weights(), history.history["loss"]))
+            if isinstance(strategy, ld.ParameterServerStrategy):
+                assert strategy.stats().global_step == 2 * 22
+    (ps_weights, ps_loss), (mirrored_weights, mirrored_loss) = results
+    for a, b in zip(ps_weights, mirrored_weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ps_loss, mirrored_loss, rtol=1e-5)
+    assert not np.allclose(ps_weights[0], mlp_initial_kernel())  # it trained
+
+
+def mlp_initial_kernel():
+    rng = np.random.default_rng(0)
+    return ld.layers.Dense(32).build(64, rng)["kernel"]
+
+
+# -- stragglers and the staleness bound --------------------------------------------------------
+def straggle(strategy) -> ld.parameter_server.ParameterServerStats:
+    with strategy.scope():
+        v = ld.Variable(0.0, name="v")
+    strategy.set_worker_delay(1, 0.25)
+    coordinator = ld.ClusterCoordinator(strategy)
+
+    def step():
+        v.read_value()  # the read the update is computed from
+        v.assign_add(1.0)
+
+    for _ in range(16):
+        coordinator.schedule(step)
+    coordinator.join()
+    assert float(v.numpy()) == 16.0
+    return strategy.stats()
+
+
+def test_a_straggler_makes_stale_updates_and_the_bound_limits_them(client):
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        free = straggle(s)
+    with ld.ParameterServerStrategy(client, num_workers=2, staleness_bound=1) as s:
+        bounded = straggle(s)
+    # unbounded: the fast worker did most of the work while the straggler's read aged
+    assert free.updates_per_worker[0] > free.updates_per_worker.get(1, 0)
+    assert free.max_staleness > 4
+    assert free.ssp_max_gap is None
+    # bounded: the fast worker waited, never more than 1 function ahead
+    assert bounded.ssp_waits > 0 and bounded.ssp_max_gap <= 1
+    assert bounded.max_staleness <= 3
+    assert bounded.updates_per_worker[1] >= 4
+
+
+def test_set_worker_delay_checks_its_arguments(client):
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        with pytest.raises(ValueError, match=r"worker=5 is not a worker"):
+            s.set_worker_delay(5, 1.0)
+        with pytest.raises(ValueError, match=r"seconds=-1"):
+            s.set_worker_delay(0, -1)
+        s.set_worker_delay(s.workers[1], 0.0)  # an address works too
