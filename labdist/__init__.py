@@ -1,6 +1,6 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
-from labdist import datasets
+from labdist import datasets, lab
 from labdist.backend import to_host
 from labdist.context import (
     get_replica_context,
@@ -21,6 +21,7 @@ from labdist.errors import (
     ReplicaLostError,
 )
 from labdist.input import batches
+from labdist.lab import Lab
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
     MirroredStrategy,
@@ -42,6 +43,7 @@ __all__ = [
     "ClusterCoordinator",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "Lab",
     "LabdistError",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
@@ -67,6 +69,7 @@ __all__ = [
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "lab",
     "layers",
     "losses",
     "models",

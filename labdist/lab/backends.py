@@ -1,0 +1,134 @@
+"""The lab's two ways of running a step, behind one small interface the runner drives:
+
+- `use(config, copies)`: make this backend current, starting from the given per-replica
+  parameter vectors (a parameter-server backend takes one vector);
+- `submit(config, batch, step)`: run (or start) one step; returns the records of the steps
+  that finished;
+- `drain()`: finish whatever is in flight (a step boundary); returns their records;
+- `copies()`: the per-replica parameter vectors now (at a boundary).
+
+`MirroredBackend` lives here; `ps_backend.ParameterServerBackend` is the other one.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from labdist.enums import VariableAggregation, VariableSynchronization
+from labdist.errors import ReplicaDivergenceWarning
+from labdist.input import split_sizes
+from labdist.lab import steps
+from labdist.lab.config import RunConfig
+from labdist.lab.models import LabModel, ParamSpec
+from labdist.values import PerReplica
+from labdist.variables import Variable
+
+Sync = VariableSynchronization
+Agg = VariableAggregation
+
+
+def quiet_divergence() -> None:
+    """ON_WRITE + aggregation NONE makes the copies differ on purpose in the lab: its spread
+    chart and event log show it, instead of a warning printed from its background thread
+    into whichever cell runs then. Only warnings raised from the lab's own calls are
+    silenced (installed again by every Lab, idempotently, in case filters were reset)."""
+    warnings.filterwarnings("ignore", category=ReplicaDivergenceWarning,
+                            module=r"labdist\.lab\.")
+
+
+@dataclass
+class StepRecord:
+    """What one step did, as the charts and `lab.history` see it."""
+
+    step: int  # steps completed, this one included
+    kind: str
+    losses: list[float]  # per replica / worker (nan: it did not compute this step)
+    sizes: list[int]  # samples each replica / worker used
+    values: np.ndarray  # (replicas, parameters): each copy after the step (PS: what it read)
+    contributions: int  # gradients applied (one per replica / worker update)
+    time: float = field(default_factory=time.time)
+
+    @property
+    def global_loss(self) -> float:
+        used = [(loss, n) for loss, n in zip(self.losses, self.sizes, strict=True)
+                if n and np.isfinite(loss)]
+        total = sum(n for _, n in used)
+        return sum(loss * n for loss, n in used) / total if total else float("nan")
+
+
+def shard_bounds(batch_size: int, n: int) -> list[int]:
+    return np.cumsum([0, *split_sizes(batch_size, n)]).tolist()
+
+
+class MirroredBackend:
+    """Steps through `strategy.run` on a MirroredStrategy. Each (synchronization, aggregation)
+    has its own set of variables (a variable's semantics are fixed when it is made); switching
+    writes the copies into the other set, replica by replica."""
+
+    kind = "mirrored"
+
+    def __init__(self, strategy, model: LabModel, spec: ParamSpec):
+        self.strategy = strategy
+        self.model = model
+        self.spec = spec
+        self.num_replicas = strategy.num_replicas_in_sync
+        self._sets: dict[tuple[Sync, Agg], dict[str, Variable]] = {}
+        self.variables: dict[str, Variable] | None = None
+        quiet_divergence()
+
+    def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
+        key = (sync, agg)
+        if key not in self._sets:
+            init = self.model.init_params()
+            with self.strategy.scope():
+                self._sets[key] = {k: Variable(np.asarray(v, np.float64), name=f"lab/{k}",
+                                               synchronization=sync, aggregation=agg,
+                                               trainable=True)
+                                   for k, v in init.items()}
+        return self._sets[key]
+
+    def use(self, config: RunConfig, copies: list[np.ndarray]) -> None:
+        variables = self._variables(config.synchronization, config.aggregation)
+        values = [self.spec.unflatten(c) for c in copies]
+        first = next(iter(variables.values()))
+        self.strategy.extended.update(first, steps.assign_copies,
+                                      args=(variables, PerReplica(values)))
+        self.variables = variables
+
+    def copies(self) -> list[np.ndarray]:
+        local = {k: self.strategy.experimental_local_results(v)
+                 for k, v in self.variables.items()}
+        return [self.spec.flatten({k: local[k][r] for k in local})
+                for r in range(self.num_replicas)]
+
+    def submit(self, config: RunConfig, batch: tuple[np.ndarray, np.ndarray], step: int
+               ) -> list[StepRecord]:
+        x, y = batch
+        n = self.num_replicas
+        b = shard_bounds(len(x), n)
+        average = (config.synchronization is Sync.ON_READ and config.sync_period > 0
+                   and step % config.sync_period == 0)
+        args = (self.variables, self.model,
+                PerReplica([x[b[r]:b[r + 1]] for r in range(n)]),
+                PerReplica([y[b[r]:b[r + 1]] for r in range(n)]),
+                config.learning_rate, config.skew, PerReplica(list(config.delays)), average)
+        out = self.strategy.run(steps.mirrored_step, args=args)
+        losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+        return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
+                           np.stack(flats), contributions=n)]
+
+    def configure(self, config: RunConfig) -> None:
+        """Nothing to set ahead: delays, learning rate and skew travel with every step."""
+
+    def drain(self) -> list[StepRecord]:
+        return []
+
+    def stats(self, force: bool = False) -> dict | None:
+        return None
+
+    def close(self) -> None:
+        self.variables = None

@@ -1,0 +1,196 @@
+"""`RunConfig`: every knob of a lab run in one immutable value, and the validation of changes.
+
+A change is checked as a whole before anything is queued (an error names the parameter, the bad
+value and what is allowed, and nothing changes); the runner applies the queued changes at the
+next step boundary, all at once, on every replica.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from labdist.enums import VariableAggregation, VariableSynchronization
+
+KINDS = ("mirrored", "ps_async", "ps_sync")
+RESYNC = ("average", "first")
+SYNCHRONIZATIONS = ("ON_WRITE", "ON_READ", "NONE")
+AGGREGATIONS = ("SUM", "MEAN", "ONLY_FIRST_REPLICA", "NONE")
+
+Sync = VariableSynchronization
+Agg = VariableAggregation
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a lab run does at each step.
+
+    kind: "mirrored" (MirroredStrategy), "ps_async" / "ps_sync" (ParameterServerStrategy).
+    synchronization: ON_WRITE (all-reduce every update), ON_READ (local updates; the copies
+        are averaged every `sync_period` steps: local SGD) or NONE (local only). Mirrored only.
+    aggregation: how ON_WRITE updates (mirrored) or a sync step's gradients (ps_sync) combine.
+    learning_rate: the SGD step size.
+    skew: replica r's share of every batch has its inputs shifted by `r * skew`.
+    delays: seconds each replica / worker waits before its update (stragglers).
+    use_locking: parameter servers serialise the updates of a variable.
+    sync_period: ON_READ averages the copies every this many steps (0: never).
+    resync: how copies that differ become one value when a switch needs one: "average" or
+        "first" (replica 0's copy).
+    pace: at most this many steps per second (0: as fast as possible), so people can watch.
+    """
+
+    kind: str = "mirrored"
+    synchronization: VariableSynchronization = Sync.ON_WRITE
+    aggregation: VariableAggregation = Agg.MEAN
+    learning_rate: float = 0.05
+    skew: float = 0.0
+    delays: tuple[float, ...] = ()
+    use_locking: bool = False
+    sync_period: int = 1
+    resync: str = "average"
+    pace: float = 0.0
+
+    @property
+    def strategy_key(self) -> tuple:
+        """Which strategy runs this configuration (a change of it is a strategy switch)."""
+        if self.kind == "mirrored":
+            return ("mirrored",)
+        return (self.kind, self.use_locking)
+
+    def describe(self) -> str:
+        if self.kind == "mirrored":
+            mode = f"mirrored {self.synchronization.name}"
+            if self.synchronization is Sync.ON_READ:
+                mode += f" (average every {self.sync_period})" if self.sync_period else ""
+            return f"{mode}, {self.aggregation.name}"
+        lock = ", use_locking" if self.use_locking else ""
+        return f"{self.kind.replace('_', ' ')}{lock}, {self.aggregation.name}"
+
+    def changes_from(self, other: RunConfig) -> dict[str, tuple[Any, Any]]:
+        """{field: (old, new)} for every field that differs from `other`."""
+        out = {}
+        for f in dataclasses.fields(self):
+            old, new = getattr(other, f.name), getattr(self, f.name)
+            if old != new:
+                out[f.name] = (old, new)
+        return out
+
+    def replace(self, changes: Mapping[str, Any], num_replicas: int) -> RunConfig:
+        """A new config with `changes` applied, every value checked (ValueError/TypeError
+        naming the parameter; `self` is never modified)."""
+        return validate(dataclasses.replace(self, **parse(changes, self, num_replicas)),
+                        num_replicas)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+def parse(changes: Mapping[str, Any], current: RunConfig, num_replicas: int) -> dict[str, Any]:
+    """Each change as the field's type (names of enums and kinds accepted, case-insensitive)."""
+    unknown = [k for k in changes if k not in FIELDS and k != "delay"]
+    if unknown:
+        raise TypeError(f"unknown lab setting(s) {unknown}; allowed: {', '.join(FIELDS)} "
+                        "(and delay={worker: seconds})")
+    out: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name == "delay":
+            out["delays"] = _merge_delay(value, out.get("delays", current.delays), num_replicas)
+        else:
+            out[name] = _PARSERS[name](value)
+    return out
+
+
+def validate(config: RunConfig, num_replicas: int) -> RunConfig:
+    """Check the combination (delays per replica); returns the config."""
+    if config.delays and len(config.delays) != num_replicas:
+        raise ValueError(f"delays={list(config.delays)!r} must give one delay per replica "
+                         f"({num_replicas} values)")
+    if not config.delays:
+        config = dataclasses.replace(config, delays=(0.0,) * num_replicas)
+    return config
+
+
+def _kind(value: Any) -> str:
+    text = value.strip().lower().replace("-", "_") if isinstance(value, str) else None
+    if text not in KINDS:
+        raise ValueError(f"kind={value!r} is not allowed; allowed: {', '.join(KINDS)}")
+    return text
+
+
+def _synchronization(value: Any) -> VariableSynchronization:
+    sync = Sync.parse(value, "synchronization")
+    if sync is Sync.AUTO:
+        return Sync.ON_WRITE  # what AUTO means for the mirrored strategies
+    return sync
+
+
+def _aggregation(value: Any) -> VariableAggregation:
+    return Agg.parse(value, "aggregation")
+
+
+def _number(name: str, value: Any, low: float, low_open: bool, high: float = math.inf) -> float:
+    ok = (isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > low if low_open else value >= low)
+          and value <= high)
+    if not ok:
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != math.inf:
+            bound += f" and <= {high:g}"
+        raise ValueError(f"{name}={value!r} is not allowed; use a finite number {bound}")
+    return float(value)
+
+
+def _delays(value: Any) -> tuple[float, ...]:
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise TypeError(f"delays={value!r} must be a sequence of seconds, one per replica")
+    return tuple(_number("delays", v, 0.0, False, 60.0) for v in value)
+
+
+def _merge_delay(value: Any, delays: tuple[float, ...], n: int) -> tuple[float, ...]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"delay={value!r} must be a dict {{worker: seconds}}, e.g. {{1: 0.05}}")
+    out = list(delays or (0.0,) * n)
+    for worker, seconds in value.items():
+        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < n:
+            raise ValueError(f"delay: worker={worker!r} is not allowed; use 0..{n - 1}")
+        out[worker] = _number(f"delay[{worker}]", seconds, 0.0, False, 60.0)
+    return tuple(out)
+
+
+def _bool(name: str):
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not allowed; use True or False")
+        return value
+    return check
+
+
+def _sync_period(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"sync_period={value!r} is not allowed; use an integer >= 0 "
+                         "(0: never average)")
+    return value
+
+
+def _resync(value: Any) -> str:
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in RESYNC:
+        raise ValueError(f"resync={value!r} is not allowed; allowed: {', '.join(RESYNC)}")
+    return text
+
+
+_PARSERS = {
+    "kind": _kind,
+    "synchronization": _synchronization,
+    "aggregation": _aggregation,
+    "learning_rate": lambda v: _number("learning_rate", v, 0.0, True, 1e3),
+    "skew": lambda v: _number("skew", v, 0.0, False, 1e3),
+    "delays": _delays,
+    "use_locking": _bool("use_locking"),
+    "sync_period": _sync_period,
+    "resync": _resync,
+    "pace": lambda v: _number("pace", v, 0.0, False, 1e4),
+}

@@ -1,0 +1,104 @@
+"""What a lab run recorded, step by step: losses, tracked values and the replicas' spread, the
+events (mode switches) and throughput. `lab.history` is one of these."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from labdist.lab.backends import StepRecord
+
+
+def spread(values: np.ndarray) -> float:
+    """Max distance of a copy to the copies' mean (0 when every replica agrees)."""
+    centred = values - values.mean(axis=0, keepdims=True)
+    return float(np.sqrt((centred * centred).sum(axis=1)).max())
+
+
+@dataclass
+class Event:
+    """A change the runner applied at a step boundary."""
+
+    step: int  # steps completed before it took effect
+    text: str
+    changes: dict[str, tuple[Any, Any]]
+    requested: float  # time.time() when the first of its changes was asked for
+    applied: float  # time.time() when the runner had applied it
+
+    @property
+    def delay(self) -> float:
+        """Seconds from the request to the change being in effect."""
+        return self.applied - self.requested
+
+
+@dataclass
+class History:
+    """Per-step columns (`step`, `kind`, `loss` (steps x replicas), `global_loss`, `spread`,
+    `tracked[name]` (steps x replicas), `contributions`, `time`) and the `events`.
+    A switch adds a row (contributions 0) with the copies right after the switch."""
+
+    track: list[str]
+    track_index: list[int]
+    step: list[int] = field(default_factory=list)
+    kind: list[str] = field(default_factory=list)
+    loss: list[list[float]] = field(default_factory=list)
+    global_loss: list[float] = field(default_factory=list)
+    spread: list[float] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)  # (replicas, tracked)
+    contributions: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    last_values: np.ndarray | None = None  # every parameter of every copy, latest row
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+
+    def add(self, record: StepRecord) -> dict:
+        """Append a record; returns the row as the charts take it."""
+        row = {"step": record.step, "kind": record.kind, "loss": record.losses,
+               "global_loss": record.global_loss, "spread": spread(record.values),
+               "tracked": record.values[:, self.track_index].T.tolist(),
+               "contributions": record.contributions, "time": record.time,
+               "plane": record.values}
+        with self._lock:
+            self.step.append(record.step)
+            self.kind.append(record.kind)
+            self.loss.append(list(record.losses))
+            self.global_loss.append(row["global_loss"])
+            self.spread.append(row["spread"])
+            self.values.append(record.values[:, self.track_index].copy())
+            self.contributions.append(record.contributions)
+            self.time.append(record.time)
+            self.last_values = record.values.copy()
+            if record.contributions:
+                self._recent.append(record.time)
+        return row
+
+    def steps_per_second(self) -> float:
+        """Over the last steps (up to 64, within 2 s)."""
+        with self._lock:
+            times = [t for t in self._recent if t >= self._recent[-1] - 2.0] if self._recent \
+                else []
+        if len(times) < 2 or times[-1] <= times[0]:
+            return 0.0
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def tracked(self, name: str) -> np.ndarray:
+        """(steps, replicas) values of a tracked element."""
+        i = self.track.index(name)
+        with self._lock:
+            return np.array([v[:, i] for v in self.values]).reshape(len(self.values), -1)
+
+    def clear(self) -> None:
+        with self._lock:
+            for name in ("step", "kind", "loss", "global_loss", "spread", "values",
+                         "contributions", "time", "events"):
+                getattr(self, name).clear()
+            self._recent.clear()
+            self.last_values = None
+
+    def __len__(self) -> int:
+        return len(self.step)

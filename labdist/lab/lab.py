@@ -1,0 +1,247 @@
+"""`ld.Lab`: one training run you can steer while it trains.
+
+The loop runs on a background thread (runner.py), so the notebook stays responsive; the panel
+(`lab.show()`) and plain calls (`lab.set(...)`, `lab.run(...)`, `lab.wait()`) do the same
+things, so a notebook or a test can drive a lab without a browser.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from labdist.lab.config import RunConfig
+from labdist.lab.history import History
+from labdist.lab.models import LabModel, Linear, ParamSpec
+from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
+from labdist.lab.runner import Batches, Runner
+
+
+class Lab:
+    """A training run on a strategy's replicas that you can switch mid-run.
+
+    strategy: an `ld.MirroredStrategy` or `ld.ParameterServerStrategy` (used, never closed),
+        or None to start a MirroredStrategy of `num_replicas` (default 2) that the lab owns.
+        The other kinds are made on the same cluster the first time a switch needs them.
+    model: a lab model (`ld.lab.Linear`, `ld.lab.SoftmaxRegression`, or a `LabModel`);
+        default `Linear(1)`, whose two parameters get a parameter-plane view.
+    data: (x, y) arrays (default: synthetic 1-feature regression).
+    track: parameter elements to chart per replica ("w", "W[3]"); default: the first few.
+    global_batch_size: samples per step, split across the replicas in order.
+    **settings: the starting RunConfig (kind, synchronization, aggregation, learning_rate,
+        skew, delays, use_locking, sync_period, resync, pace).
+    """
+
+    def __init__(self, strategy: Any = None, model: LabModel | None = None,
+                 data: tuple[np.ndarray, np.ndarray] | None = None,
+                 track: list[str] | None = None, *, num_replicas: int | None = None,
+                 global_batch_size: int = 64, seed: int = 0, **settings: Any):
+        model = Linear(1) if model is None else model
+        if not callable(getattr(model, "loss_and_grads", None)) or \
+                not callable(getattr(model, "init_params", None)):
+            raise TypeError(f"model={model!r} is not a lab model (it needs init_params() and "
+                            "loss_and_grads(xp, params, x, y)); try ld.lab.Linear(1)")
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
+                or global_batch_size < 1:
+            raise ValueError(f"global_batch_size={global_batch_size!r} must be a positive "
+                             "integer")
+        x, y = _data(data, model, seed)
+        if len(x) < global_batch_size:
+            raise ValueError(f"data has {len(x)} samples, fewer than global_batch_size="
+                             f"{global_batch_size}")
+        spec = ParamSpec(model.init_params())
+        track = spec.default_track() if track is None else list(track)
+        index = [spec.index(t) for t in track]
+        n = _replicas(strategy, num_replicas)
+        if global_batch_size < n:
+            raise ValueError(f"global_batch_size={global_batch_size} is smaller than the "
+                             f"{n} replicas: every replica needs samples")
+        start = RunConfig(kind=strategy_key(strategy)[0] if strategy is not None else "mirrored",
+                          use_locking=getattr(strategy, "use_locking", False))
+        first = start.replace(settings, n)  # every check done before a cluster starts
+        self.model, self.data, self.track = model, (x, y), track
+        self.global_batch_size = global_batch_size
+        self._spec = spec
+        self._lock = threading.Lock()
+        self.panel = None
+        self._pool = StrategyPool(strategy, num_replicas)
+        self.history = History(track, index)
+        self._runner = Runner(self._pool, model, spec, Batches(x, y, global_batch_size, seed),
+                              first, self.history)
+        try:
+            self._runner.call(lambda: self._runner.start(first)).result()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> RunConfig:
+        """The configuration in effect now (queued changes not yet applied are not in it)."""
+        return self._runner.config
+
+    @property
+    def step_count(self) -> int:
+        """Steps completed."""
+        return self._runner.completed
+
+    @property
+    def state(self) -> str:
+        """"idle", "running", "failed" or "closed"."""
+        return self._runner.state
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the run, if it failed (cleared by the next run)."""
+        return self._runner.error
+
+    @property
+    def num_replicas(self) -> int:
+        return self._pool.num_replicas
+
+    @property
+    def events(self):
+        return list(self.history.events)
+
+    @property
+    def strategy(self) -> Any:
+        """The strategy the current configuration runs on."""
+        return self._pool.strategy(self.config.strategy_key)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard of the cluster (None when it has none)."""
+        return self._pool.dashboard_link
+
+    def steps_per_second(self) -> float:
+        return self.history.steps_per_second()
+
+    # -- controls (the panel calls exactly these) -------------------------------------------
+    def set(self, **changes: Any) -> None:
+        """Queue changes to the run (applied together at the next step boundary, on every
+        replica). Checked now: a bad value raises and nothing is queued."""
+        if not changes:
+            return
+        requested = time.time()
+        with self._lock:
+            pending = self._runner.pending_config()
+            new = pending.replace(changes, self.num_replicas)
+            diff = {k: b for k, (_, b) in new.changes_from(pending).items()}
+            if diff:
+                self._runner.enqueue(diff, requested)
+
+    def run(self, steps: int | None = None) -> None:
+        """Train `steps` more steps in the background (None: until `pause()`); returns now."""
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or steps < 0):
+            raise ValueError(f"steps={steps!r} must be None or an integer >= 0")
+        self._check_open()
+        if steps != 0:
+            self._runner.add_steps(steps)
+
+    start = run
+
+    def pause(self, wait: bool = True) -> None:
+        """Stop at the next step boundary (with `wait`, return once stopped)."""
+        self._runner.pause()
+        if wait:
+            self.wait()
+
+    def step(self, steps: int = 1) -> None:
+        """Train `steps` steps and return when they are done."""
+        self.run(steps)
+        self.wait()
+
+    def reset(self, wait: bool = True) -> None:
+        """Pause, then start again from the model's initial parameters at step 0 (the
+        configuration stays)."""
+        self._check_open()
+        self._runner.pause()
+        future = self._runner.call(self._runner.reset)
+        if wait:
+            future.result()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the steps asked for are done and queued changes applied; raise what
+        stopped the run, if something did. TimeoutError after `timeout` seconds."""
+        if timeout is None and self._runner._budget < 0:
+            raise RuntimeError("this run has no end (run() without steps): pause() it, or "
+                               "wait(timeout=...)")
+        if not self._runner.wait(timeout):
+            raise TimeoutError(f"the lab was still running after timeout={timeout!r} s "
+                               f"(step {self.step_count})")
+        if self._runner.error is not None:
+            raise self._runner.error
+
+    def values(self) -> list[dict[str, np.ndarray]]:
+        """Each replica's parameters now (a parameter-server run: one entry, the PS value),
+        read at the next step boundary."""
+        self._check_open()
+        copies = self._runner.call(lambda: self._runner.backend.copies()).result()
+        return [self._spec.unflatten(c) for c in copies]
+
+    def show(self) -> None:
+        """Display the control panel and live charts (in Jupyter)."""
+        from IPython.display import display
+
+        from labdist.ui.panel import LabPanel
+
+        if self.panel is None:
+            self.panel = LabPanel(self)
+        display(self.panel.widget)
+
+    def close(self) -> None:
+        """Stop the run and close what the lab started (a strategy it was given stays)."""
+        if self.panel is not None:
+            self.panel.close()
+        self._runner.close()
+        self._pool.close()
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<ld.Lab {self.config.describe()}, {self.num_replicas} replicas, step "
+                f"{self.step_count}, {self.state}>")
+
+    def _check_open(self) -> None:
+        if self._runner.state == "closed" or self._runner._closing:
+            raise RuntimeError("this lab is closed; make a new ld.Lab")
+
+
+def _replicas(strategy: Any, num_replicas: int | None) -> int:
+    if num_replicas is not None and (isinstance(num_replicas, bool)
+                                     or not isinstance(num_replicas, int) or num_replicas < 1):
+        raise ValueError(f"num_replicas={num_replicas!r} must be an integer >= 1")
+    if strategy is None:
+        return num_replicas or 2
+    check_strategy(strategy)
+    if strategy_key(strategy)[0] != "mirrored":
+        return strategy.num_workers
+    return strategy.num_replicas_in_sync
+
+
+def _data(data: Any, model: LabModel, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    if data is None:
+        if not isinstance(model, Linear) or model.n_features != 1:
+            raise ValueError(f"data=None works with ld.lab.Linear(1) only; give (x, y) for "
+                             f"{model!r}")
+        from labdist.datasets import synthetic
+
+        x, y = synthetic.regression(n_samples=512, n_features=1, noise=0.3, seed=seed)
+        return x.astype(np.float64), y.astype(np.float64)
+    if not isinstance(data, tuple | list) or len(data) != 2:
+        raise TypeError(f"data must be a pair (x, y) of arrays, got {type(data).__name__}")
+    x, y = np.asarray(data[0]), np.asarray(data[1])
+    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
+        raise TypeError(f"data: x and y must be numeric arrays (got {x.dtype}, {y.dtype})")
+    if len(x) != len(y):
+        raise ValueError(f"data: x has {len(x)} samples but y has {len(y)}")
+    model.check_data(x, y)
+    return x.astype(np.float64), (y.astype(np.float64) if y.dtype.kind == "f" else y)

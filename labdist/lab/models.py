@@ -1,0 +1,193 @@
+"""Small models the lab trains: named parameters, and the loss with its gradient on one batch,
+written once against an array module `xp` (numpy or cupy) so the same code runs on any replica.
+
+A lab model is anything with `init_params()`, `loss_and_grads(xp, params, x, y)` and
+`loss(xp, params, x, y)`; gradients are of the batch's *mean* loss, so with aggregation SUM the
+replicas' gradients add up (a bigger step) and with MEAN they average, as in tf.distribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class LabModel:
+    """The base of the lab's models; subclasses say what their parameters and loss are."""
+
+    #: the two scalar parameters drawn in the parameter plane (None: no plane view)
+    plane: tuple[str, str] | None = None
+
+    def init_params(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def loss_and_grads(self, xp, params: dict[str, Any], x, y) -> tuple[Any, dict[str, Any]]:
+        """(mean loss over the batch, {name: d mean loss / d param}); an empty batch gives
+        (0, zeros)."""
+        raise NotImplementedError
+
+    def loss(self, xp, params: dict[str, Any], x, y) -> Any:
+        return self.loss_and_grads(xp, params, x, y)[0]
+
+    def check_data(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Raise ValueError naming what is wrong when (x, y) does not fit this model."""
+
+    def loss_grid(self, a: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray,
+                  base: dict[str, np.ndarray]) -> np.ndarray:
+        """The loss at every (a[i], b[i]) of the plane's two parameters (others from `base`);
+        a generic loop, which models may vectorise."""
+        out = np.empty(len(a))
+        pa, pb = self.plane
+        for i in range(len(a)):
+            params = dict(base)
+            params[pa], params[pb] = np.asarray(a[i]), np.asarray(b[i])
+            out[i] = float(self.loss(np, params, x, y))
+        return out
+
+
+class Linear(LabModel):
+    """y ≈ x @ w + b with the mean squared error. With one feature, `w` and `b` are scalars and
+    the lab draws each replica's path in the (w, b) plane over the loss contours."""
+
+    def __init__(self, n_features: int = 1, init: tuple[float, float] = (0.0, 0.0)):
+        if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
+            raise ValueError(f"n_features={n_features!r} must be a positive integer")
+        if (not isinstance(init, tuple | list) or len(init) != 2
+                or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                           for v in init)):
+            raise ValueError(f"init={init!r} must be (w0, b0), two numbers")
+        self.n_features = n_features
+        self.init = (float(init[0]), float(init[1]))
+        self.plane = ("w", "b") if n_features == 1 else None
+
+    def __repr__(self) -> str:
+        return f"Linear(n_features={self.n_features})"
+
+    def init_params(self) -> dict[str, np.ndarray]:
+        shape = () if self.n_features == 1 else (self.n_features,)
+        return {"w": np.full(shape, self.init[0]), "b": np.asarray(self.init[1])}
+
+    def _x(self, xp, x):
+        return x.reshape(len(x), self.n_features)
+
+    def loss_and_grads(self, xp, params, x, y):
+        n = len(x)
+        if n == 0:
+            return xp.asarray(0.0), {k: xp.zeros_like(v) for k, v in params.items()}
+        x2 = self._x(xp, x)
+        w = params["w"].reshape(self.n_features)
+        err = x2 @ w + params["b"] - y.reshape(n)
+        grad_w = 2.0 * (x2.T @ err) / n
+        return ((err * err).mean(),
+                {"w": grad_w.reshape(params["w"].shape), "b": 2.0 * err.mean()})
+
+    def check_data(self, x, y):
+        if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[1] != self.n_features) or \
+                (x.ndim == 1 and self.n_features != 1):
+            raise ValueError(f"data: x has shape {x.shape} but {self!r} takes "
+                             f"(n, {self.n_features}) inputs")
+        if y.shape not in ((len(x),), (len(x), 1)):
+            raise ValueError(f"data: y has shape {y.shape}; {self!r} takes one target per "
+                             f"sample: ({len(x)},)")
+
+    def loss_grid(self, a, b, x, y, base):
+        x1 = x.reshape(-1)
+        err = a[:, None] * x1[None, :] + b[:, None] - y.reshape(-1)[None, :]
+        return (err * err).mean(axis=1)
+
+    def solve(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """The least-squares optimum on (x, y): where the contours centre."""
+        x2 = np.c_[x.reshape(len(x), self.n_features), np.ones(len(x))]
+        coef = np.linalg.lstsq(x2, y.reshape(-1), rcond=None)[0]
+        w = coef[:-1] if self.n_features > 1 else np.asarray(coef[0])
+        return {"w": w, "b": np.asarray(coef[-1])}
+
+
+class SoftmaxRegression(LabModel):
+    """Multinomial logistic regression (softmax of x @ W + b) with cross-entropy loss."""
+
+    def __init__(self, n_features: int, n_classes: int, seed: int = 0):
+        for name, v in (("n_features", n_features), ("n_classes", n_classes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive integer")
+        if n_classes < 2:
+            raise ValueError(f"n_classes={n_classes!r} must be at least 2")
+        self.n_features, self.n_classes, self.seed = n_features, n_classes, seed
+
+    def __repr__(self) -> str:
+        return f"SoftmaxRegression(n_features={self.n_features}, n_classes={self.n_classes})"
+
+    def init_params(self):
+        rng = np.random.default_rng(self.seed)
+        return {"W": rng.normal(0, 0.1, (self.n_features, self.n_classes)),
+                "b": np.zeros(self.n_classes)}
+
+    def loss_and_grads(self, xp, params, x, y):
+        n = len(x)
+        if n == 0:
+            return xp.asarray(0.0), {k: xp.zeros_like(v) for k, v in params.items()}
+        z = x @ params["W"] + params["b"]
+        z = z - z.max(axis=1, keepdims=True)
+        p = xp.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        rows = xp.arange(n)
+        labels = y.reshape(n).astype("int64")
+        loss = -xp.log(xp.maximum(p[rows, labels], 1e-12)).mean()
+        p[rows, labels] -= 1.0
+        p /= n
+        return loss, {"W": x.T @ p, "b": p.sum(axis=0)}
+
+    def check_data(self, x, y):
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            raise ValueError(f"data: x has shape {x.shape} but {self!r} takes "
+                             f"(n, {self.n_features}) inputs")
+        if y.shape != (len(x),) or y.dtype.kind not in "iu" or (
+                len(y) and (y.min() < 0 or y.max() >= self.n_classes)):
+            raise ValueError(f"data: y must be {len(x)} integer labels in 0..{self.n_classes - 1}")
+
+
+class ParamSpec:
+    """Packs a model's named parameters into one flat vector and back (what crosses to the
+    driver each step), and names each element ("w", "W[2]")."""
+
+    def __init__(self, params: dict[str, np.ndarray]):
+        self.names = list(params)
+        self.shapes = [np.shape(params[k]) for k in self.names]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.offsets = np.cumsum([0, *self.sizes]).tolist()
+        self.size = self.offsets[-1]
+
+    def flatten(self, params: dict[str, Any]) -> np.ndarray:
+        return np.concatenate([np.asarray(params[k], dtype=np.float64).reshape(-1)
+                               for k in self.names])
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: np.array(flat[self.offsets[i]:self.offsets[i + 1]]).reshape(self.shapes[i])
+                for i, k in enumerate(self.names)}
+
+    def index(self, element: str) -> int:
+        """Position of "name" (a scalar parameter) or "name[i]" (element i, flattened)."""
+        name, _, rest = element.partition("[")
+        if name not in self.names:
+            raise ValueError(f"track: {element!r} is not a parameter; the model has "
+                             f"{', '.join(self.names)}")
+        i = self.names.index(name)
+        if not rest:
+            if self.sizes[i] != 1:
+                raise ValueError(f"track: parameter {name!r} has {self.sizes[i]} elements; "
+                                 f"name one, e.g. '{name}[0]'")
+            return self.offsets[i]
+        try:
+            k = int(rest.rstrip("]"))
+        except ValueError:
+            raise ValueError(f"track: {element!r} must look like '{name}[0]'") from None
+        if not rest.endswith("]") or not 0 <= k < self.sizes[i]:
+            raise ValueError(f"track: {element!r}: {name!r} has elements 0..{self.sizes[i] - 1}")
+        return self.offsets[i] + k
+
+    def default_track(self) -> list[str]:
+        out = []
+        for name, size in zip(self.names, self.sizes, strict=True):
+            out += [name] if size == 1 else [f"{name}[{k}]" for k in range(min(size, 2))]
+        return out[:4]

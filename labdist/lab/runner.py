@@ -1,0 +1,297 @@
+"""The lab's background loop: one thread owns the run, so the kernel stays free.
+
+Everything reaches it through a queue under one lock (changes, run / pause / reset, calls
+that must happen at a boundary); nothing else touches the strategies while it runs. Queued
+changes take effect together at the next step boundary, on every replica at once, and are
+recorded as an event. Switching moves the state explicitly (`Switcher` below):
+
+- into mirrored ON_WRITE with aggregation other than NONE: the copies are made equal
+  (`resync`: their average, or replica 0's copy), so the spread is 0 from the switch on;
+- into mirrored ON_READ / NONE / ON_WRITE+NONE: each replica keeps its own copy;
+- mirrored -> parameter server: the PS starts from the mirrored value (the copies' average or
+  replica 0's when they differ); parameter server -> mirrored: every replica loads its value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from labdist.enums import VariableAggregation, VariableSynchronization
+from labdist.lab.backends import StepRecord
+from labdist.lab.config import RunConfig
+from labdist.lab.history import Event, History
+
+Sync = VariableSynchronization
+Agg = VariableAggregation
+
+
+class Batches:
+    """Endless global batches of (x, y): a fresh seeded shuffle each epoch, full batches only."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
+        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
+        self.reset()
+
+    def reset(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+        self._order: np.ndarray = np.empty(0, int)
+        self._at = 0
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._at + self.batch_size > len(self._order):
+            self._order, self._at = self._rng.permutation(len(self.x)), 0
+        idx = self._order[self._at:self._at + self.batch_size]
+        self._at += self.batch_size
+        return self.x[idx], self.y[idx]
+
+
+def unify(copies: list[np.ndarray], policy: str) -> np.ndarray:
+    """One value from the copies: their average, or replica 0's ("first")."""
+    return np.mean(copies, axis=0) if policy == "average" else np.array(copies[0])
+
+
+def needs_equal_copies(config: RunConfig) -> bool:
+    return (config.kind != "mirrored" or (config.synchronization is Sync.ON_WRITE
+                                          and config.aggregation is not Agg.NONE))
+
+
+class Runner:
+    """Drives one run on a background thread; see the module docstring."""
+
+    def __init__(self, pool, model, spec, batches: Batches, config: RunConfig,
+                 history: History):
+        self.pool, self.model, self.spec = pool, model, spec
+        self.batches = batches
+        self.config = config
+        self.history = history
+        self.n = pool.num_replicas
+        self.completed = 0  # steps finished (recorded)
+        self.state = "starting"
+        self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._changes: list[tuple[dict, float]] = []
+        self._calls: list[tuple[Callable, Future]] = []
+        self._budget = 0
+        self._closing = False
+        self._next_at = 0.0
+        self._submitted = 0  # steps handed to the backend (ahead of `completed` while in flight)
+        self._listeners: list[Callable[[dict], None]] = []
+        self.backend = None
+        self._thread = threading.Thread(target=self._loop, name="labdist-lab", daemon=True)
+        self._thread.start()
+
+    # -- what the Lab calls (any thread; never blocks on training) ---------------------------
+    def enqueue(self, changes: dict, requested: float) -> None:
+        with self._cv:
+            self._changes.append((changes, requested))
+            self._cv.notify_all()
+
+    def add_steps(self, steps: int | None) -> None:
+        with self._cv:
+            self._budget = -1 if steps is None else (max(self._budget, 0) + steps)
+            self.error = None if self.state == "failed" else self.error
+            if self.state in ("idle", "failed"):
+                self.state = "running"
+            self._cv.notify_all()
+
+    def pause(self) -> None:
+        with self._cv:
+            self._budget = 0
+            self._cv.notify_all()
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the runner thread at the next boundary."""
+        future: Future = Future()
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("this lab is closed")
+            self._calls.append((fn, future))
+            self._cv.notify_all()
+        return future
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until no steps are left and nothing is queued (True), or `timeout` (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while self._busy():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._cv:
+            self._closing = True
+            self._budget = 0
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def listen(self, callback: Callable[[dict], None]) -> None:
+        """`callback(item)` on the runner thread for each record / event / reset; it must
+        only enqueue (the UI's publisher does the work)."""
+        self._listeners.append(callback)
+
+    def pending_config(self) -> RunConfig:
+        """The config once everything queued is applied (what new changes build on)."""
+        with self._cv:
+            config = self.config
+            for changes, _ in self._changes:
+                config = dataclasses.replace(config, **changes)
+        return config
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return (self.state in ("starting", "running") or bool(self._changes)
+                or bool(self._calls)) and self.state != "closed"
+
+    def _emit(self, item: dict) -> None:
+        for callback in list(self._listeners):
+            callback(item)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._changes or self._calls or self._closing or self._budget):
+                    if self.state not in ("failed", "closed"):
+                        self.state = "idle"
+                    self._cv.notify_all()
+                    self._cv.wait()
+                changes, self._changes = self._changes, []
+                calls, self._calls = self._calls, []
+                closing = self._closing
+            try:
+                if changes or calls or closing:
+                    self._records(self.backend.drain() if self.backend else [])
+                if changes:
+                    self._apply(changes)
+                for fn, future in calls:
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:
+                        future.set_exception(e)
+                if closing:
+                    self._finish_close()
+                    return
+                if self._budget and not self._pace():
+                    self._step()
+            except BaseException as error:  # the run stops; the lab stays usable
+                with self._cv:
+                    self.error, self._budget, self.state = error, 0, "failed"
+                self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
+
+    def _pace(self) -> bool:
+        """With a pace, wait for the next step's time (a change or command wakes us); True
+        when woken early."""
+        if self.config.pace <= 0:
+            return False
+        left = self._next_at - time.monotonic()
+        if left > 0:
+            with self._cv:
+                self._cv.wait_for(lambda: self._changes or self._calls or self._closing
+                                  or not self._budget, timeout=left)
+            if time.monotonic() < self._next_at:
+                return True
+        self._next_at = max(self._next_at, time.monotonic()) + 1.0 / self.config.pace
+        return False
+
+    def _step(self) -> None:
+        with self._cv:
+            self.state = "running"
+        self._submitted += 1
+        records = self.backend.submit(self.config, self.batches.next(), self._submitted)
+        with self._cv:
+            if self._budget > 0:
+                self._budget -= 1
+            last = self._budget == 0
+        if last:
+            records += self.backend.drain()
+        self._records(records)
+        stats = self.backend.stats(force=last)
+        if stats is not None:
+            self._emit({"type": "ps_stats", "step": self.completed, **stats})
+
+    def _records(self, records: list[StepRecord]) -> None:
+        for record in records:
+            self.completed = max(self.completed, record.step)
+            self._emit({"type": "step", **self.history.add(record)})
+
+    def _finish_close(self) -> None:
+        with self._cv:
+            self.state = "closed"
+            self._calls, calls = [], self._calls
+            self._cv.notify_all()
+        for _, future in calls:
+            future.set_exception(RuntimeError("this lab is closed"))
+
+    # -- boundaries ---------------------------------------------------------------------------
+    def start(self, config: RunConfig) -> None:
+        """(runner thread) The first backend, from the model's initial parameters."""
+        self.config = config
+        self.backend = self.pool.backend(config.strategy_key, self.model, self.spec)
+        init = self.spec.flatten(self.model.init_params())
+        self.backend.use(config, self._copies_for(config, [init] * self.n))
+
+    def _copies_for(self, config: RunConfig, copies: list[np.ndarray]) -> list[np.ndarray]:
+        if config.kind != "mirrored":
+            return [unify(copies, config.resync)]
+        if needs_equal_copies(config):
+            return [unify(copies, config.resync)] * self.n
+        if len(copies) == 1:  # from a parameter server: every replica loads its value
+            return copies * self.n
+        return copies
+
+    def _apply(self, changes: list[tuple[dict, float]]) -> None:
+        old = new = self.config
+        for change, _ in changes:
+            new = dataclasses.replace(new, **change)
+        diff = new.changes_from(old)
+        if not diff:
+            return
+        moved = (new.strategy_key != old.strategy_key or (new.synchronization, new.aggregation)
+                 != (old.synchronization, old.aggregation))
+        if moved:
+            before = self.backend.copies()
+            backend = self.pool.backend(new.strategy_key, self.model, self.spec)
+            after = self._copies_for(new, before)
+            backend.use(new, after)
+            self.backend = backend
+        else:
+            self.backend.configure(new)
+        self.config = new
+        self._next_at = 0.0
+        text = "; ".join(f"{k} {_plain(a)} → {_plain(b)}" for k, (a, b) in diff.items())
+        event = Event(self.completed, text, diff,
+                      min(t for _, t in changes), time.time())
+        self.history.events.append(event)
+        self._emit({"type": "event", "step": event.step, "text": event.text,
+                    "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in diff.items()},
+                    "requested": event.requested, "applied": event.applied})
+        if moved:  # the copies right after the switch: a row at the same step
+            values = np.stack([np.asarray(c) for c in after]) if len(after) == self.n \
+                else np.tile(after[0], (self.n, 1))
+            self._records([StepRecord(self.completed, new.kind, [float("nan")] * self.n,
+                                      [0] * self.n, values, contributions=0)])
+
+    def reset(self) -> None:
+        """(runner thread, from a call) Back to the initial parameters at step 0."""
+        self.batches.reset()
+        self.history.clear()
+        self.completed = self._submitted = 0
+        self.start(self.config)
+        self._emit({"type": "reset"})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Sync | Agg):
+        return value.name
+    if isinstance(value, tuple):
+        return list(value)
+    return value

@@ -1,0 +1,324 @@
+"""The lab, headless: a run in the background steered by plain calls, and what a switch does to
+the replicas' copies (DESIGN.md "The lab"). Real worker processes; the parameter-server kinds
+run on the same cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist.lab import LabModel
+from labdist.lab.config import RunConfig
+
+
+class Counting(LabModel):
+    """Every gradient is -1 on a non-empty shard: with learning rate 1 each applied update adds
+    exactly 1 (MEAN of the replicas' updates: 1; SUM over 2 replicas: 2), so the parameter
+    counts the updates that landed."""
+
+    def init_params(self):
+        return {"theta": np.asarray(0.0)}
+
+    def loss_and_grads(self, xp, params, x, y):
+        g = -1.0 if len(x) else 0.0
+        return xp.asarray(0.0), {"theta": xp.asarray(g)}
+
+
+class Slow(Counting):
+    """Counting, with a step long enough to switch in the middle of a run."""
+
+    def loss_and_grads(self, xp, params, x, y):
+        time.sleep(0.004)
+        return super().loss_and_grads(xp, params, x, y)
+
+
+class Failing(Counting):
+    def loss_and_grads(self, xp, params, x, y):
+        if float(params["theta"]) >= 3:
+            raise FloatingPointError("theta reached 3")
+        return super().loss_and_grads(xp, params, x, y)
+
+
+DATA = (np.zeros((64, 1)), np.zeros(64))
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    s = ld.MirroredStrategy(num_replicas=2)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def skewed():
+    x, y = ld.datasets.synthetic.regression(n_samples=256, n_features=1, noise=0.1, seed=1)
+    return x, y
+
+
+def copies(lab, name):
+    return [float(v[name]) for v in lab.values()]
+
+
+def spread_at(lab, step):
+    """The spread rows recorded at `step` (a switch adds one after the step's own row)."""
+    return [s for st, s in zip(lab.history.step, lab.history.spread, strict=True) if st == step]
+
+
+# -- configuration (no cluster) -----------------------------------------------------------------
+@pytest.mark.parametrize("changes, match", [
+    ({"aggregation": "AVERAGE"}, r"aggregation='AVERAGE' is not a valid VariableAggregation"),
+    ({"synchronization": 3}, r"synchronization=3"),
+    ({"kind": "allreduce"}, r"kind='allreduce' is not allowed; allowed: mirrored, ps_async"),
+    ({"learning_rate": 0}, r"learning_rate=0 is not allowed; use a finite number > 0"),
+    ({"learning_rate": float("nan")}, r"learning_rate=nan"),
+    ({"skew": -1}, r"skew=-1 is not allowed"),
+    ({"sync_period": 1.5}, r"sync_period=1.5 is not allowed"),
+    ({"resync": "median"}, r"resync='median' is not allowed; allowed: average, first"),
+    ({"use_locking": 1}, r"use_locking=1 is not allowed; use True or False"),
+    ({"delays": [0.1]}, r"delays=\[0.1\] must give one delay per replica \(2 values\)"),
+    ({"delay": {2: 0.1}}, r"delay: worker=2 is not allowed; use 0..1"),
+    ({"pace": -3}, r"pace=-3"),
+])
+def test_bad_settings_name_the_parameter(changes, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        RunConfig().replace(changes, num_replicas=2)
+
+
+def test_unknown_setting_lists_the_allowed_ones():
+    with pytest.raises(TypeError, match=r"unknown lab setting\(s\) \['agg'\]; allowed: kind, "):
+        RunConfig().replace({"agg": "SUM"}, num_replicas=2)
+
+
+def test_config_parses_names_and_merges_delays():
+    c = RunConfig().replace({"synchronization": "auto", "aggregation": "sum", "kind": "PS-Async",
+                             "delay": {1: 0.25}}, num_replicas=3)
+    assert (c.synchronization, c.aggregation, c.kind) == (
+        ld.VariableSynchronization.ON_WRITE, ld.VariableAggregation.SUM, "ps_async")
+    assert c.delays == (0.0, 0.25, 0.0)
+    assert c.strategy_key == ("ps_async", False)
+
+
+def test_bad_lab_arguments_are_refused_before_a_cluster_starts():
+    with pytest.raises(TypeError, match=r"model=42 is not a lab model"):
+        ld.Lab(model=42)
+    with pytest.raises(ValueError, match=r"data: x has 64 samples but y has 3"):
+        ld.Lab(data=(np.zeros((64, 1)), np.zeros(3)))
+    with pytest.raises(ValueError, match=r"track: 'v' is not a parameter; the model has w, b"):
+        ld.Lab(track=["v"])
+    with pytest.raises(ValueError, match=r"global_batch_size=1 is smaller than the 2 replicas"):
+        ld.Lab(global_batch_size=1)
+    with pytest.raises(ValueError, match=r"learning_rate=-1"):
+        ld.Lab(learning_rate=-1)
+
+
+# -- running ----------------------------------------------------------------------------------
+def test_run_returns_at_once_and_the_kernel_stays_free(strategy):
+    with ld.Lab(strategy, model=Slow(), data=DATA, learning_rate=1.0) as lab:
+        lab.step(1)  # the workers import this module once
+        t0 = time.perf_counter()
+        lab.run()  # no end
+        started = time.perf_counter() - t0
+        late = []
+        for _ in range(50):  # the calling thread keeps its own timing meanwhile
+            t1 = time.perf_counter()
+            time.sleep(0.01)
+            late.append(time.perf_counter() - t1 - 0.01)
+        assert started < 0.05 and np.median(late) < 0.005
+        assert lab.state == "running" and lab.step_count > 5
+        with pytest.raises(RuntimeError, match=r"no end"):
+            lab.wait()
+        lab.pause()
+        stopped = lab.step_count
+        time.sleep(0.1)
+        assert lab.state == "idle" and lab.step_count == stopped
+        assert copies(lab, "theta") == [stopped, stopped]  # MEAN of two +1 updates: +1 a step
+        assert lab.history.step[-1] == stopped
+
+
+def test_a_change_applies_at_the_next_boundary_within_a_step(strategy):
+    with ld.Lab(strategy, model=Slow(), data=DATA, learning_rate=1.0) as lab:
+        lab.run()
+        time.sleep(0.2)
+        lab.set(aggregation="SUM")
+        time.sleep(0.2)
+        lab.pause()
+        (event,) = lab.events
+        assert event.changes["aggregation"][1] is ld.VariableAggregation.SUM
+        assert 0 < event.step < lab.step_count
+        step_s = 1 / lab.steps_per_second()
+        assert event.delay <= max(2 * step_s, 0.1), (event.delay, step_s)
+        # before the event +1 a step (MEAN), after it +2 (SUM of two -1 gradients)
+        theta = event.step + 2 * (lab.step_count - event.step)
+        assert copies(lab, "theta") == [theta, theta]
+
+
+def test_set_is_all_or_nothing(strategy):
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0) as lab:
+        with pytest.raises(ValueError, match=r"learning_rate"):
+            lab.set(aggregation="SUM", learning_rate=-2)
+        lab.step(1)
+        assert lab.config.aggregation is ld.VariableAggregation.MEAN and lab.events == []
+
+
+def test_on_write_mean_to_on_read_drifts_and_back_with_average_rejoins(strategy, skewed):
+    with ld.Lab(strategy, data=skewed, skew=2.0, learning_rate=0.05) as lab:
+        lab.step(30)
+        assert max(lab.history.spread) == 0.0  # ON_WRITE MEAN: copies identical
+        lab.set(synchronization="ON_READ", sync_period=0)
+        lab.step(40)
+        drift = lab.history.spread[-40:]
+        assert drift[-1] > 0.05 and drift[-1] > drift[4] > 0  # grows on skewed data
+        before = lab.values()
+        lab.set(synchronization="ON_WRITE", resync="average")
+        lab.step(5)
+        at_switch = spread_at(lab, 70)
+        assert at_switch[0] > 0.05 and at_switch[-1] == 0.0  # back to 0 at the switch step
+        assert max(lab.history.spread[-5:]) == 0.0
+        first_after = lab.history.tracked("w")[-5]  # after one more MEAN step from the average
+        assert abs(first_after[0] - np.mean([v["w"] for v in before])) < 0.05
+
+
+def test_back_to_on_write_with_first_takes_replica_0(strategy, skewed):
+    with ld.Lab(strategy, data=skewed, skew=2.0, synchronization="NONE") as lab:
+        lab.step(20)
+        before = lab.values()
+        assert before[0]["b"] != before[1]["b"]
+        lab.set(synchronization="ON_WRITE", resync="first")
+        lab.step(0)
+        lab.wait()
+        after = lab.values()
+        assert [float(v["b"]) for v in after] == [float(before[0]["b"])] * 2
+
+
+def test_on_write_aggregation_none_diverges_quietly(strategy, skewed):
+    """The copies drift apart (the charts show it) without a warning printed from the lab's
+    thread into whatever cell runs next; the same update outside the lab still warns."""
+    with warnings.catch_warnings(record=True) as caught:  # the filters a notebook has
+        with ld.Lab(strategy, data=skewed, skew=1.0) as lab:
+            lab.step(5)
+            lab.set(aggregation="NONE")
+            lab.step(10)
+            assert lab.history.spread[-1] > 0
+        assert not [w for w in caught if issubclass(w.category, ld.ReplicaDivergenceWarning)]
+        with strategy.scope():
+            v = ld.Variable(0.0, aggregation="NONE")
+        strategy.run(lambda x: v.assign_add(x), args=(ld.PerReplica([1.0, 2.0]),))
+        assert [w for w in caught if issubclass(w.category, ld.ReplicaDivergenceWarning)]
+
+
+def test_on_read_local_sgd_averages_every_period(strategy, skewed):
+    with ld.Lab(strategy, data=skewed, skew=2.0, synchronization="ON_READ",
+                sync_period=4) as lab:
+        lab.step(12)
+        spreads = lab.history.spread[1:]  # row 0: the start
+        for step, s in zip(lab.history.step[1:], spreads, strict=True):
+            assert (s == 0.0) == (step % 4 == 0), (step, s)
+
+
+def test_stragglers_slow_a_synchronous_run(strategy):
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0) as lab:
+        t0 = time.perf_counter()
+        lab.step(10)
+        fast = time.perf_counter() - t0
+        lab.set(delay={1: 0.05})
+        t0 = time.perf_counter()
+        lab.step(10)
+        slow = time.perf_counter() - t0
+        assert fast < 0.3 < 10 * 0.05 <= slow  # every step waits for replica 1
+
+
+def test_pace_limits_steps_per_second(strategy):
+    with ld.Lab(strategy, model=Counting(), data=DATA, pace=40) as lab:
+        t0 = time.perf_counter()
+        lab.step(20)
+        assert time.perf_counter() - t0 > 19 / 40 * 0.9
+
+
+def test_a_failing_step_stops_the_run_and_reset_recovers(strategy):
+    with ld.Lab(strategy, model=Failing(), data=DATA, learning_rate=1.0) as lab:
+        lab.run(10)
+        with pytest.raises(FloatingPointError, match=r"theta reached 3"):
+            lab.wait()
+        assert lab.state == "failed" and lab.step_count == 3
+        lab.reset()
+        assert lab.step_count == 0 and copies(lab, "theta") == [0.0, 0.0]
+        assert len(lab.history) == 0
+        lab.step(2)
+        assert copies(lab, "theta") == [2.0, 2.0]
+
+
+def test_calls_from_many_threads_queue_safely(strategy):
+    with ld.Lab(strategy, model=Slow(), data=DATA, learning_rate=1.0) as lab:
+        lab.run()
+        rates = [0.1, 0.2, 0.3, 0.4]
+        threads = [threading.Thread(target=lab.set, kwargs={"learning_rate": r}) for r in rates]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lab.pause()
+        assert lab.config.learning_rate in rates
+        assert all(e.changes.keys() == {"learning_rate"} for e in lab.events)
+
+
+# -- parameter servers ------------------------------------------------------------------------
+def test_mirrored_to_async_ps_and_back_moves_the_value(strategy, skewed):
+    with ld.Lab(strategy, data=skewed, skew=1.0, synchronization="ON_READ",
+                sync_period=0) as lab:
+        lab.step(15)
+        mirrored = lab.values()
+        lab.set(kind="ps_async", resync="average")
+        lab.step(0)
+        lab.wait()
+        (ps,) = lab.values()
+        for k in ("w", "b"):  # the PS starts from the (averaged) mirrored value
+            assert float(ps[k]) == pytest.approx(np.mean([float(v[k]) for v in mirrored]),
+                                                 abs=1e-12)
+        lab.step(10)
+        (ps,) = lab.values()
+        lab.set(kind="mirrored", synchronization="ON_READ")
+        lab.step(0)
+        lab.wait()
+        for replica in lab.values():  # every replica loads the PS value
+            for k in ("w", "b"):
+                assert float(replica[k]) == float(ps[k])
+        assert lab.history.spread[-1] == 0.0
+
+
+def test_no_update_is_lost_or_applied_twice_across_switches(strategy):
+    """Switch mirrored -> async PS -> sync PS -> mirrored while the run goes on; the counter
+    parameter must equal the updates the history says were applied."""
+    with ld.Lab(strategy, model=Slow(), data=DATA, learning_rate=1.0) as lab:
+        lab.run()
+        for kind in ("ps_async", "ps_sync", "mirrored", "ps_async", "mirrored"):
+            time.sleep(0.3)
+            lab.set(kind=kind)
+        time.sleep(0.3)
+        lab.pause()
+        kinds = set(lab.history.kind)
+        assert kinds == {"mirrored", "ps_async", "ps_sync"}
+        # mirrored MEAN and sync-PS MEAN: one averaged update a step; async PS: each push
+        expected = sum(c if k == "ps_async" else (1 if c else 0)
+                       for k, c in zip(lab.history.kind, lab.history.contributions, strict=True))
+        assert len(lab.events) == 5
+        assert copies(lab, "theta") == [expected, expected]
+        pushes = sum(c for k, c in zip(lab.history.kind, lab.history.contributions, strict=True)
+                     if k == "ps_async")
+        assert pushes > 0 and pushes % 2 == 0  # every round: one push per worker
+
+
+def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
+    seen = []
+    with ld.Lab(strategy, data=skewed, kind="ps_async", delays=[0.0, 0.03]) as lab:
+        lab._runner.listen(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.step(30)
+        stats = seen[-1]
+        assert stats["updates"] == 30 * 2 * 2  # a push per variable (w, b), worker and round
+        assert sum(stats["staleness"].values()) == 120
+        assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
+        assert stats["torn_reads"] >= 0
