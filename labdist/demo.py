@@ -11,7 +11,8 @@ import numpy as np
 import labdist as ld
 
 
-def _table(strategy: ld.Strategy, say) -> None:
+def _table(strategy: ld.Strategy, say) -> list[dict]:
+    rows = []
     say("1. assign_add of (replica id + 1) on a variable starting at 10, per replica copy:")
     xs = strategy.experimental_distribute_values_from_function(
         lambda c: float(c.replica_id_in_sync_group + 1))
@@ -29,10 +30,14 @@ def _table(strategy: ld.Strategy, say) -> None:
             except ValueError:
                 read = "ValueError"
             say(f"   {sync:8s} {agg:18s} copies={local}  cross-replica read={read}")
+            rows.append({"synchronization": sync, "aggregation": agg, "copies": local,
+                         "read": read})
+    return rows
 
 
-def _regression(strategy: ld.Strategy, aggregation: str, steps: int, say) -> float:
-    """Fit y = 3x - 2 with SGD; each replica sees a skewed half of every batch."""
+def _regression(strategy: ld.Strategy, aggregation: str, steps: int, say) -> dict:
+    """Fit y = 3x - 2 with SGD; each replica sees a skewed half of every batch. Returns each
+    step's copies of w (one per replica) and mean loss, and the final spread of the copies."""
     rng = np.random.default_rng(0)
     n = strategy.num_replicas_in_sync
     with strategy.scope():
@@ -47,6 +52,7 @@ def _regression(strategy: ld.Strategy, aggregation: str, steps: int, say) -> flo
         return float((err ** 2).mean())
 
     spread = 0.0
+    trace: dict = {"aggregation": aggregation, "w": [], "b": [], "loss": []}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ld.ReplicaDivergenceWarning)
         for i in range(steps):
@@ -57,24 +63,33 @@ def _regression(strategy: ld.Strategy, aggregation: str, steps: int, say) -> flo
             losses = strategy.run(step, args=batch)  # batch: (x, y) of PerReplica
             ws = [float(c) for c in strategy.experimental_local_results(w)]
             spread = max(ws) - min(ws)
+            loss = float(np.mean([float(v) for v in strategy.experimental_local_results(losses)]))
+            trace["w"].append(ws)
+            trace["b"].append([float(c) for c in strategy.experimental_local_results(b)])
+            trace["loss"].append(loss)
             if i % max(1, steps // 5) == 0 or i == steps - 1:
-                loss = np.mean([float(v) for v in strategy.experimental_local_results(losses)])
                 say(f"   step {i:3d}  loss={loss:8.4f}  w per replica={np.round(ws, 3)}  "
                     f"spread={spread:.3g}")
-    return spread
+    trace["spread"] = spread
+    return trace
 
 
 def run_demo(num_replicas: int = 2, steps: int = 30, say=print) -> dict:
-    """Run the demo; returns the figures it printed (used by tests)."""
+    """Run the demo; returns the figures it printed and what the report draws: the table's
+    rows and each experiment's trace."""
     start = time.perf_counter()
     say(f"Starting an embedded Dask cluster with {num_replicas} worker processes ...")
     with ld.MirroredStrategy(num_replicas=num_replicas) as strategy:
-        say(f"   replicas on workers {strategy.workers} "
+        workers = strategy.workers
+        say(f"   replicas on workers {workers} "
             f"(dashboard: {strategy.dashboard_link or 'off'})")
-        _table(strategy, say)
+        table = _table(strategy, say)
         say("2. SGD with aggregation MEAN (gradients all-reduced on write): copies agree")
         synced = _regression(strategy, "MEAN", steps, say)
         say("3. The same with aggregation NONE: each replica follows its own shard and drifts")
         drifted = _regression(strategy, "NONE", steps, say)
-    say(f"Done in {time.perf_counter() - start:.1f} s.")
-    return {"spread_mean": synced, "spread_none": drifted}
+    seconds = time.perf_counter() - start
+    say(f"Done in {seconds:.1f} s.")
+    return {"spread_mean": synced["spread"], "spread_none": drifted["spread"],
+            "num_replicas": num_replicas, "steps": steps, "workers": workers,
+            "seconds": seconds, "table": table, "traces": [synced, drifted]}

@@ -1,0 +1,52 @@
+"""`labdist lab`: JupyterLab on labdist's notebooks, opening the interactive lab."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from labdist.cli.errors import UserError
+
+FIRST_NOTEBOOK = "00_lab.ipynb"
+
+
+def notebooks_dir() -> Path | None:
+    """The notebooks/ folder next to the package (a checkout or an editable install)."""
+    here = Path(__file__).resolve().parent.parent.parent / "notebooks"
+    return here if here.is_dir() else None
+
+
+def lab_command(directory: Path, port: int | None, no_browser: bool,
+                extra: list[str]) -> list[str]:
+    """The `jupyter lab` command line: served from `directory`, opening the lab notebook."""
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={directory}"]
+    if (directory / FIRST_NOTEBOOK).is_file():
+        cmd.append(f"--LabApp.default_url=/lab/tree/{FIRST_NOTEBOOK}")
+    if port is not None:
+        cmd.append(f"--ServerApp.port={port}")
+    if no_browser:
+        cmd.append("--no-browser")
+    return cmd + list(extra)
+
+
+def lab(directory: str | None, port: int | None, no_browser: bool, extra: list[str]) -> int:
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise UserError("JupyterLab is not installed here: pip install -e \".[lab]\" (or "
+                        "\"labdist[lab]\")")
+    if directory is None:
+        found = notebooks_dir()
+        if found is None:
+            raise UserError("no notebooks folder next to this labdist (an install from a "
+                            "wheel): pass the folder to serve, `labdist lab PATH`")
+        path = found
+    else:
+        path = Path(directory).expanduser().resolve()
+        if not path.is_dir():
+            raise UserError(f"{directory!r} is not a folder")
+    print(f"JupyterLab on {path} (Ctrl-C to stop)", flush=True)
+    try:
+        return subprocess.call(lab_command(path, port, no_browser, extra))
+    except KeyboardInterrupt:  # Ctrl-C reaches JupyterLab too, which shuts down cleanly
+        return 0
