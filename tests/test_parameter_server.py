@@ -222,7 +222,7 @@ def race(strategy):
 
 def test_without_locking_updates_interleave_and_reads_are_torn(client):
     with ld.ParameterServerStrategy(client, num_workers=3, chunk_size=512) as s:
-        states, torn, final = race(s)
+        _, torn, final = race(s)
         stats = s.stats()
     assert torn > 0  # the reader saw arrays half updated (some chunks ahead of others)
     assert stats.torn_reads >= torn  # ... and the version stamps caught every one of them

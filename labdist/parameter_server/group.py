@@ -21,6 +21,8 @@ from labdist.parameter_server import remote
 from labdist.parameter_server.store import ParameterStore
 from labdist.parameter_server.worker import ParameterServerWorker
 
+POLL_S = 0.25  # how often a waiting call checks whether its parameter server is gone
+
 
 class ParameterServerGroup:
     num_replicas = 1  # one copy of every variable, on its parameter server
@@ -128,11 +130,19 @@ class ParameterServerGroup:
 
     # -- calls --------------------------------------------------------------------------------
     async def _store(self, i: int, method: str, *args) -> Any:
+        """Call store `i`; fails as soon as the scheduler knows its worker is gone (instead of
+        Dask retrying the connection for its connect timeout)."""
         if self.store_lost(i):
             raise self.ps_lost_error(i)
+        call = asyncio.ensure_future(remote.call(
+            self.client.rpc, self.ps_addresses[i], self._store_keys[i], method, *args))
+        while not call.done():
+            await asyncio.wait({call}, timeout=POLL_S)
+            if not call.done() and self.store_lost(i):
+                call.cancel()
+                raise self.ps_lost_error(i)
         try:
-            return await remote.call(self.client.rpc, self.ps_addresses[i],
-                                     self._store_keys[i], method, *args)
+            return call.result()
         except remote.COMM_ERRORS as e:
             raise self.ps_lost_error(i, f"{type(e).__name__}: {e}") from None
 

@@ -29,6 +29,9 @@ from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.parameter_server import remote
 from labdist.worker.context import ReplicaContext, enter
 
+# A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
+STORE_CONNECT_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True)
 class PerWorkerIterator:
@@ -96,7 +99,8 @@ class ParameterServerWorker:
         self.datasets: dict[str, Any] = {}
         self.iterators: dict[tuple[str, int], Any] = {}
         self._loop = worker.loop.asyncio_loop
-        self._rpc = worker.rpc
+        self._connection_args = worker.connection_args
+        self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
 
@@ -127,6 +131,8 @@ class ParameterServerWorker:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._rpc is not None:
+            await self._rpc.close()
 
     # -- on a function's thread -------------------------------------------------------------
     def _run(self, fn_bytes, args, kwargs, key) -> tuple:
@@ -175,6 +181,11 @@ class ParameterServerWorker:
         """Call parameter servers concurrently: (shard, method, args) each; raises
         ParameterServerLostError naming a PS that cannot be reached."""
         async def gather():
+            if self._rpc is None:
+                from distributed.core import ConnectionPool
+
+                self._rpc = await ConnectionPool(connection_args=self._connection_args,
+                                                 timeout=STORE_CONNECT_TIMEOUT_S)
             return await asyncio.gather(
                 *(remote.call(self._rpc, *self.stores[s], m, *a) for s, m, a in calls),
                 return_exceptions=True)
