@@ -3,8 +3,9 @@ functions onto parameter-server workers, get remote values back, join.
 
 One dispatcher thread per worker takes the next function from a shared queue, runs it on its
 worker and waits for the result; a free worker is whichever finishes first, so fast workers do
-more. When a worker dies mid-function, the function goes back to the front of the queue and
-another worker runs it (at-least-once: what it pushed before dying stays pushed, as in TF).
+more. When a worker dies mid-function, the function goes back into the queue (in schedule
+order, so ahead of later work) and another worker runs it (at-least-once: what it pushed before
+dying stays pushed, as in TF).
 A lost parameter server stops everything with an error naming it.
 """
 
@@ -49,6 +50,7 @@ class RemoteValue:
 class _Closure:
     def __init__(self, fn_bytes: bytes, args: tuple, kwargs: dict, key: tuple):
         self.fn_bytes, self.args, self.kwargs, self.key = fn_bytes, args, kwargs, key
+        self.seq = key[1]  # schedule order
         self.value = RemoteValue()
         self.attempts = 0
 
@@ -240,6 +242,15 @@ class ClusterCoordinator:
         if kind == "worker_lost":
             self._lose_worker(w, closure)
             return False
+        if kind == "retry":  # released from a sync step's barrier: run it again later
+            with self._cv:
+                if self._error is None and self._runnable(w):
+                    self._requeue(closure)
+                else:
+                    closure.cancel()
+                self._in_flight -= 1
+                self._cv.notify_all()
+            return True
         if kind == "ok":
             closure.set_result(outcome[1])
         elif kind == "error":
@@ -268,7 +279,8 @@ class ClusterCoordinator:
                 closure.cancel()
             self._queue.clear()
             self._cv.notify_all()
-        self._group.release_barriers()  # sync mode: nobody waits for the failed function
+            live = len(self._alive)
+        self._group.release_barriers(live)  # sync mode: nobody waits for the failed function
 
     def _stop(self, error: BaseException) -> None:
         with self._cv:
@@ -286,7 +298,7 @@ class ClusterCoordinator:
             self.lost_workers.append(self._group.worker_addresses[w])
             self._in_flight -= 1
             closure.attempts += 1
-            self._queue.appendleft(closure)
+            self._requeue(closure)
             if not self._alive and self._fatal is None:
                 self._fatal = ReplicaLostError(
                     f"every worker of this strategy was lost ({', '.join(self.lost_workers)}); "
@@ -295,4 +307,12 @@ class ClusterCoordinator:
                     c.set_error(self._fatal)
                 self._queue.clear()
             self._cv.notify_all()
-        self._group.worker_gone(w)
+            live = len(self._alive)
+        self._group.worker_gone(w, live)
+
+    def _requeue(self, closure: _Closure) -> None:
+        """Back into the queue in schedule order (under the lock): older work first, so a
+        sync step's lost shard runs before the next steps' work waiting for it."""
+        at = next((i for i, c in enumerate(self._queue) if c.seq > closure.seq),
+                  len(self._queue))
+        self._queue.insert(at, closure)

@@ -129,7 +129,7 @@ def _step(ctx, layers, weights, loss, x, y, seed, rank, iteration, metric, step=
     local = len(x)
     grads, stats = _gradients(np, layers, params, loss, x, y, rng, local, max(local, 1))
     items = [(v._id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
-    statuses, _ = ctx._push(items, step=step, key=key)
+    statuses, _ = ctx._push(items, step=step, key=key, barrier=step is None)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]
     return status, float(stats[0]), float(stats[1]) if metric else 0.0, local
 

@@ -179,14 +179,14 @@ class ParameterServerGroup:
         with contextlib.suppress(Exception):
             self.store_call(0, "ssp_leave", w)
 
-    def worker_gone(self, w: int) -> None:
+    def worker_gone(self, w: int, live: int) -> None:
         """A lost worker holds no one back: leave the SSP table, release sync barriers."""
         self.worker_idle(w)
-        self.release_barriers()
+        self.release_barriers(live)
 
-    def release_barriers(self) -> None:
+    def release_barriers(self, live: int) -> None:
         with contextlib.suppress(Exception):
-            self.store_call_all("release_barrier", quiet=True)
+            self.store_call_all("release_barrier", live, quiet=True)
 
     # -- the replica-group protocol (strategies/base.py) -----------------------------------
     def create(self, var_id: int, host) -> None:

@@ -20,7 +20,14 @@ import numpy as np
 from labdist.parameter_server.chunked import ChunkedValue, make_kernel
 from labdist.parameter_server.ssp import StalenessBound
 from labdist.parameter_server.stats import StoreCounters
-from labdist.parameter_server.sync import COMPLETE, DUPLICATE, STALE, SyncReplicas, aggregate
+from labdist.parameter_server.sync import (
+    ACCEPTED,
+    COMPLETE,
+    DUPLICATE,
+    STALE,
+    SyncReplicas,
+    aggregate,
+)
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
 
@@ -107,9 +114,9 @@ class ParameterStore:
         if self.ssp is not None:
             self.ssp.reset()
 
-    async def release_barrier(self) -> None:
+    async def release_barrier(self, live: int) -> None:
         if self.sync is not None:
-            await self.sync.release()
+            await self.sync.release(live)
 
     async def ssp_begin(self, worker: int) -> float:
         return await self.ssp.begin(worker) if self.ssp is not None else 0.0
@@ -132,6 +139,8 @@ class ParameterStore:
             at = self.clock
         else:
             at = await self.sync.begin_read(step)
+            if at is None:
+                return None  # released while waiting for its step: retry this work later
             try:
                 values, versions, torn = await self._run(_read_all, chunks)
             finally:
@@ -142,11 +151,12 @@ class ParameterStore:
 
     async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
                    basis: dict[int, int] | None = None, step: int | None = None,
-                   key: tuple | None = None, want: bool = False) -> dict:
+                   key: tuple | None = None, want: bool = False, barrier: bool = True) -> dict:
         """Apply one worker's updates: (var_id, kind, array, aggregation) items. Async: applied
         now; `basis` holds the versions the worker read (none for a blind write). Sync: tagged
-        with the global `step` it read, accumulated, and this call returns once the step's
-        update is applied (or at once when the push is stale)."""
+        with the global `step` it read and accumulated; with `barrier` this call returns once
+        the step's update is applied (at once when the push is stale). Step-bound work (fit)
+        passes barrier=False: its next pull waits for the step instead."""
         self._check(items)
         if self.sync is None:
             return await self._run(self._apply_async, worker, items, basis or {}, want)
@@ -157,11 +167,13 @@ class ParameterStore:
         if verdict != DUPLICATE:
             self.counters.applied(worker, 0, 0)  # fresh by definition: staleness 0
         if verdict == COMPLETE:
-            step = self.sync.global_step + 1
-            await self.sync.apply(lambda batch: self._run(self._apply_batch, batch, step))
-            status = "accepted"
-        else:
+            new_step = self.sync.global_step + 1
+            await self.sync.apply(lambda batch: self._run(self._apply_batch, batch, new_step))
+            status = ACCEPTED
+        elif barrier:
             status = await self.sync.wait_barrier(step)
+        else:
+            status = ACCEPTED
         values = await self._run(self._values_of, items) if want else None
         return {"status": status, "global_step": self.sync.global_step, "values": values}
 

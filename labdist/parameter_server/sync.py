@@ -16,6 +16,7 @@ import numpy as np
 
 # verdicts of offer()
 STALE, DUPLICATE, ACCEPTED, COMPLETE = "dropped", "duplicate", "accepted", "complete"
+RELEASED, STARVED = "released", "starved"  # verdicts of wait_barrier besides ACCEPTED
 
 
 class SyncReplicas:
@@ -29,6 +30,7 @@ class SyncReplicas:
         self._pending: list[tuple[tuple, int, list]] = []
         self._keys: set[tuple] = set()
         self._release = 0
+        self.live = replicas_to_aggregate  # workers left (told by the coordinator on a loss)
         self._cond: asyncio.Condition | None = None
 
     @property
@@ -84,27 +86,37 @@ class SyncReplicas:
             await self._notify()
 
     async def wait_barrier(self, step: int | None) -> str:
-        """After an accepted push: wait until its step's update is applied (ACCEPTED), or until
-        the coordinator releases the barrier because a worker was lost ("released")."""
+        """After an accepted push: wait until its step's update is applied (ACCEPTED). A lost
+        worker releases the waiters ("released": their gradient stays in) so its work can be
+        re-run by one of them; with fewer workers left than `replicas_to_aggregate` no step can
+        fill up again ("starved")."""
         step = self.global_step if step is None else step
         release = self._release
         async with self.cond:
-            await self.cond.wait_for(
-                lambda: self.global_step > step or self._release != release)
-        return ACCEPTED if self.global_step > step else "released"
+            await self.cond.wait_for(lambda: self.global_step > step or self._release != release
+                                     or self.live < self.replicas_to_aggregate)
+        if self.global_step > step:
+            return ACCEPTED
+        return STARVED if self.live < self.replicas_to_aggregate else RELEASED
 
-    async def release(self) -> None:
-        """Let the workers waiting at the barrier go (a worker was lost: its work is re-run
-        elsewhere, possibly by one of them)."""
+    async def release(self, live: int) -> None:
+        """A worker was lost (`live` are left): let every waiter go (see wait_barrier and
+        begin_read), so the lost work can be re-run."""
+        self.live = live
         self._release += 1
         await self._notify()
 
-    async def begin_read(self, step: int | None) -> int:
-        """Wait until no update is being applied (and the global step reached `step`), then
-        count a reader in; returns the global step the read sees."""
+    async def begin_read(self, step: int | None) -> int | None:
+        """Wait until no update is being applied (and, for step-bound work, until the global
+        step reached `step`: the barrier), then count a reader in; returns the global step the
+        read sees, or None when released while waiting for a step (the work should be
+        retried later: it may be waiting for the lost worker's step)."""
+        release = self._release
         async with self.cond:
-            await self.cond.wait_for(
-                lambda: not self.applying and (step is None or self.global_step >= step))
+            await self.cond.wait_for(lambda: not self.applying and (
+                step is None or self.global_step >= step or self._release != release))
+            if step is not None and self.global_step < step:
+                return None
             self.readers += 1
         return self.global_step
 

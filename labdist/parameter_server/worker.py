@@ -33,6 +33,12 @@ from labdist.worker.context import ReplicaContext, enter
 STORE_CONNECT_TIMEOUT_S = 10.0
 
 
+class Retry(BaseException):
+    """Raised inside a scheduled function whose step barrier was released (a worker was lost):
+    the coordinator runs the function again later. BaseException, so `except Exception` in a
+    user's function does not swallow it."""
+
+
 @dataclass(frozen=True)
 class PerWorkerIterator:
     """A handle to an iterator that lives on every worker: inside a scheduled function it is
@@ -147,6 +153,8 @@ class ParameterServerWorker:
             ctx._flush()
             pickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it travel?
             return ("ok", result)
+        except Retry:
+            return ("retry",)
         except ParameterServerLostError as e:
             return ("ps_lost", str(e))
         except StopIteration:
@@ -254,17 +262,20 @@ class WorkerContext(ReplicaContext):
         by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
         calls = [(s, "pull", (self.worker_index, ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
-        for (shard, _, _), (got, versions, at) in zip(
-                calls, self._executor.call_all(calls), strict=True):
+        replies = self._executor.call_all(calls)
+        if None in replies:  # released from a step's barrier (a worker was lost): not yet
+            raise Retry()
+        for (shard, _, _), (got, versions, at) in zip(calls, replies, strict=True):
             values.update(got)
             self._versions.update(versions)
             self._steps[shard] = at
         return values
 
     def _push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
-              want: bool = False) -> tuple[set[str], dict[int, np.ndarray]]:
+              want: bool = False, barrier: bool = True) -> tuple[set[str], dict[int, np.ndarray]]:
         """Send (var_id, kind, array, aggregation) items to their parameter servers; returns
-        the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values."""
+        the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values.
+        Sync: `barrier=False` for step-bound work, whose next pull waits instead."""
         if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
             time.sleep(self._executor.delay)
         by_shard = self._shards([item[0] for item in items])
@@ -274,11 +285,17 @@ class WorkerContext(ReplicaContext):
             basis = {v: self._versions[v] for v in ids if v in self._versions}
             at = step if step is not None else self._steps.get(shard)
             calls.append((shard, "push", (self.worker_index, mine, basis, at,
-                                          key or self._key, want)))
+                                          key or self._key, want, barrier)))
         statuses, values = set(), {}
         for r in self._executor.call_all(calls):
             statuses.add(r["status"])
             values.update(r["values"] or {})
+        if "starved" in statuses:
+            raise RuntimeError(
+                "sync mode: fewer workers are left than replicas_to_aggregate, so no step can "
+                "gather enough gradients from scheduled functions any more; use backup workers "
+                "(total_num_replicas > replicas_to_aggregate) or restore the last checkpoint "
+                "into a new strategy")
         return statuses, values
 
     def _remote_update(self, var, mode: str, value: Any, read_value: bool) -> Any:
