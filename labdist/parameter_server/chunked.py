@@ -42,6 +42,10 @@ class ChunkedValue:
         return self._snap[0].shape
 
     @property
+    def size(self) -> int:
+        return self._snap[0].size
+
+    @property
     def dtype(self) -> np.dtype:
         return self._snap[0].dtype
 

@@ -124,6 +124,7 @@ class ClusterCoordinator:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
         self._raise_pending()
+        self.strategy._select((tuple(args), kwargs or {}), 0, "args")  # no foreign variables
         closure = _Closure(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
                            ("closure", next(self._keys)))
         with self._cv:

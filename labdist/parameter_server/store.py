@@ -30,6 +30,7 @@ from labdist.parameter_server.sync import (
 )
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
+INLINE_READ_ELEMENTS = 1 << 16  # reads up to this many elements skip the thread pool
 
 
 class ParameterStore:
@@ -135,19 +136,26 @@ class ParameterStore:
         (sync: with `step`, wait for that step first — the barrier of step-bound work)."""
         chunks = [self._value(v) for v in var_ids]
         if self.sync is None:
-            values, versions, torn = await self._run(_read_all, chunks)
+            values, versions, torn = await self._read(chunks)
             at = self.clock
         else:
             at = await self.sync.begin_read(step)
             if at is None:
                 return None  # released while waiting for its step: retry this work later
             try:
-                values, versions, torn = await self._run(_read_all, chunks)
+                values, versions, torn = await self._read(chunks)
             finally:
                 await self.sync.end_read()
         self.counters.read(len(var_ids), torn)
         return (dict(zip(var_ids, values, strict=True)),
                 dict(zip(var_ids, versions, strict=True)), at)
+
+    async def _read(self, chunks: list[ChunkedValue]):
+        """Small reads on the event loop (a thread hop costs more than the copy), large ones
+        on the pool; either way concurrent with updates, which run on the pool."""
+        if sum(c.size for c in chunks) <= INLINE_READ_ELEMENTS:
+            return _read_all(chunks)
+        return await self._run(_read_all, chunks)
 
     async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
                    basis: dict[int, int] | None = None, step: int | None = None,
