@@ -9,14 +9,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+import jupyter_server
 import pytest
 import test_cluster
 from matplotlib.image import imread
@@ -32,12 +30,6 @@ def labdist(*args: str, timeout: float = 180, env: dict | None = None):
     environ.update(env or {})
     return subprocess.run([*LABDIST, *args], capture_output=True, text=True, timeout=timeout,
                           env=environ, stdin=subprocess.DEVNULL)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_one_line_error(result, code: int, *needles: str) -> None:
@@ -81,7 +73,7 @@ def test_user_mistakes_are_one_line(args, code, needles):
 
 
 def test_nothing_listening_fails_fast_with_one_line():
-    port = _free_port()  # bound then released: nothing listens there
+    port = jupyter_server.free_port()  # bound then released: nothing listens there
     start = time.monotonic()
     result = labdist("run", "--scheduler", f"tcp://127.0.0.1:{port}", timeout=60)
     assert_one_line_error(result, 1, f"tcp://127.0.0.1:{port}", "dask scheduler")
@@ -195,59 +187,23 @@ def test_info_lists_versions_and_the_workers(external: ExternalCluster):
 
 
 # -- lab ----------------------------------------------------------------------------------------
-def _get(url: str) -> tuple[int, str, str]:
-    """(status, Location header, body) without following redirects."""
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-    try:
-        with urllib.request.build_opener(NoRedirect).open(url, timeout=10) as r:
-            return r.status, r.headers.get("Location", ""), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Location", ""), ""
-
-
 @pytest.mark.timeout(120)
 def test_lab_serves_the_folder_and_opens_the_lab_notebook(tmp_path):
-    pytest.importorskip("jupyterlab", reason="the `lab` extra")  # in the test extra for CI
     folder = tmp_path / "notebooks"
     folder.mkdir()
     shutil.copy(NOTEBOOKS / "01_variable_synchronization.ipynb", folder / "00_lab.ipynb")
-    port, token = _free_port(), "labdist-test-token"
-    extra = ["--", "--allow-root"] if os.geteuid() == 0 else []
-    env = {k: v for k, v in os.environ.items() if k != "LABDIST_SCHEDULER"}
-    env.update(JUPYTER_TOKEN=token, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
-    log = (tmp_path / "lab.log").open("wb")
-    proc = subprocess.Popen([*LABDIST, "lab", str(folder), "--no-browser", "--port", str(port),
-                             *extra], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (tmp_path / "lab.log").read_text()
-            try:
-                if _get(f"{base}/api/status?token={token}")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
-            time.sleep(0.3)
-        status, location, _ = _get(f"{base}/?token={token}")
+    port, log = jupyter_server.free_port(), tmp_path / "lab.log"
+    command = [*LABDIST, "lab", str(folder), "--no-browser", "--port", str(port), "--",
+               *jupyter_server.root_flag()]
+    with jupyter_server.running(command, port, tmp_path, log) as base:
+        token = jupyter_server.TOKEN
+        status, location, _ = jupyter_server.get(f"{base}/?token={token}")
         assert status == 302 and location.startswith("/lab/tree/00_lab.ipynb"), location
-        status, _, body = _get(f"{base}/api/contents?token={token}")
+        status, _, body = jupyter_server.get(f"{base}/api/contents?token={token}")
         assert status == 200
         assert [c["name"] for c in json.loads(body)["content"]] == ["00_lab.ipynb"]
-        assert _get(f"{base}/lab/tree/00_lab.ipynb?token={token}")[0] == 200
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-    assert f"JupyterLab on {folder}" in (tmp_path / "lab.log").read_text()
+        assert jupyter_server.get(f"{base}/lab/tree/00_lab.ipynb?token={token}")[0] == 200
+    assert f"JupyterLab on {folder}" in log.read_text()
 
 
 def test_lab_without_a_notebook_00_opens_jupyterlab_itself(tmp_path):
