@@ -78,6 +78,7 @@ class MirroredBackend:
         self.num_replicas = strategy.num_replicas_in_sync
         self._sets: dict[tuple[Sync, Agg], dict[str, Variable]] = {}
         self.variables: dict[str, Variable] | None = None
+        self._latest: list[np.ndarray] | None = None  # every copy, as the last step left it
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -92,14 +93,24 @@ class MirroredBackend:
         return self._sets[key]
 
     def use(self, config: RunConfig, copies: list[np.ndarray]) -> None:
+        if not self._sets:  # every set made once, up front: a switch is then one round trip
+            for sync in (Sync.ON_WRITE, Sync.ON_READ, Sync.NONE):
+                for agg in Agg:
+                    self._variables(sync, agg)
         variables = self._variables(config.synchronization, config.aggregation)
         values = [self.spec.unflatten(c) for c in copies]
         first = next(iter(variables.values()))
         self.strategy.extended.update(first, steps.assign_copies,
                                       args=(variables, PerReplica(values)))
         self.variables = variables
+        self._latest = [np.array(c, np.float64) for c in copies]
 
     def copies(self) -> list[np.ndarray]:
+        """Every copy now: what the last step returned (exactly what the replicas hold)."""
+        return [c.copy() for c in self._latest] if self._latest else self.read_copies()
+
+    def read_copies(self) -> list[np.ndarray]:
+        """Every copy, read from the replicas."""
         local = {k: self.strategy.experimental_local_results(v)
                  for k, v in self.variables.items()}
         return [self.spec.flatten({k: local[k][r] for k in local})
@@ -118,6 +129,7 @@ class MirroredBackend:
                 config.learning_rate, config.skew, PerReplica(list(config.delays)), average)
         out = self.strategy.run(steps.mirrored_step, args=args)
         losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+        self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
                            np.stack(flats), contributions=n)]
 

@@ -180,7 +180,7 @@ class Lab:
         """Each replica's parameters now (a parameter-server run: one entry, the PS value),
         read at the next step boundary."""
         self._check_open()
-        copies = self._runner.call(lambda: self._runner.backend.copies()).result()
+        copies = self._runner.call(lambda: self._runner.backend.read_copies()).result()
         return [self._spec.unflatten(c) for c in copies]
 
     def show(self) -> None:

@@ -77,8 +77,11 @@ class ParameterServerBackend:
         self._delays = tuple(config.delays)
 
     def copies(self) -> list[np.ndarray]:
+        """The parameter servers' value (one vector)."""
         with self.strategy.scope():
             return [self.spec.flatten({k: v.read_value() for k, v in self.variables.items()})]
+
+    read_copies = copies
 
     def submit(self, config: RunConfig, batch, step: int) -> list[StepRecord]:
         x, y = batch

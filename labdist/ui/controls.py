@@ -1,0 +1,144 @@
+"""The lab's controls (ipywidgets). An observer only calls `lab.set(...)` / `lab.run(...)`,
+which queue under a lock and return at once: nothing here runs training code, so the controls
+work the same whether widget messages arrive on the kernel's main shell or on a subshell
+(JupyterLab's commsOverSubshells)."""
+
+from __future__ import annotations
+
+import threading
+
+import ipywidgets as w
+
+from labdist.lab.config import AGGREGATIONS, RunConfig
+
+KIND_OPTIONS = [("mirrored", "mirrored"), ("PS async", "ps_async"), ("PS sync", "ps_sync")]
+AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
+WIDE = w.Layout(width="290px")
+STYLE = {"description_width": "110px"}
+
+
+def _toggle(name: str, options, tooltip: str, width: str) -> w.ToggleButtons:
+    """Buttons under their own heading (a description beside them leaves no room)."""
+    t = w.ToggleButtons(options=options, tooltip=tooltip,
+                        style={"button_width": width, "description_width": "0px"},
+                        layout=w.Layout(width="300px"))
+    t.add_class(f"labdist-{name}")
+    return t
+
+
+class Controls:
+    """The widgets, bound to a lab; `sync(config)` shows a configuration without echoing it
+    back as a change."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.error: str | None = None
+        self._quiet = threading.local()  # set while sync() writes values
+        n = lab.num_replicas
+        self.kind = _toggle("kind", KIND_OPTIONS, "mirrored or parameter servers", "90px")
+        self.synchronization = _toggle("synchronization", ["ON_WRITE", "ON_READ", "NONE"],
+                                       "when the copies agree", "90px")
+        self.aggregation = _toggle(
+            "aggregation", [(AGG_LABELS.get(a, a), a) for a in AGGREGATIONS],
+            "how the replicas' updates (ON_WRITE) or gradients (PS sync) combine", "66px")
+        self.learning_rate = w.FloatLogSlider(value=0.05, base=10, min=-4, max=1, step=0.1,
+                                              description="learning rate", style=STYLE,
+                                              layout=WIDE, readout_format=".3g")
+        self.skew = w.FloatSlider(value=0.0, min=0.0, max=5.0, step=0.1,
+                                  description="data skew", style=STYLE, layout=WIDE)
+        self.delays = [w.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01,
+                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE)
+                       for r in range(n)]
+        self.use_locking = w.Checkbox(value=False, description="use_locking (PS)",
+                                      style=STYLE, layout=WIDE)
+        self.sync_period = w.IntSlider(value=1, min=0, max=50, description="ON_READ period",
+                                       style=STYLE, layout=WIDE)
+        self.resync = _toggle("resync", [("average", "average"), ("replica 0", "first")],
+                              "how differing copies become one on a switch", "90px")
+        self.pace = w.IntSlider(value=0, min=0, max=200, step=5,
+                                description="pace (steps/s)", style=STYLE, layout=WIDE)
+        for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace):
+            slider.continuous_update = False  # one change when released, not one per pixel
+        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace"):
+            getattr(self, name).add_class(f"labdist-{name.replace('_', '-')}")
+        self.buttons = {label: w.Button(description=label, layout=w.Layout(width="68px"))
+                        for label in ("run", "pause", "step", "reset")}
+        for label, b in self.buttons.items():
+            b.add_class(f"labdist-{label}")
+        self.buttons["run"].button_style = "success"
+        self._bind()
+        self.sync(lab.config)
+
+    def _bind(self) -> None:
+        for name in ("kind", "synchronization", "aggregation", "learning_rate", "skew",
+                     "use_locking", "sync_period", "resync", "pace"):
+            getattr(self, name).observe(self._changed(name), names="value")
+        for r, slider in enumerate(self.delays):
+            slider.observe(self._changed_delay(r), names="value")
+        lab = self.lab
+        actions = {"run": lambda: lab.run(), "pause": lambda: lab.pause(wait=False),
+                   "step": lambda: lab.run(1), "reset": lambda: lab.reset(wait=False)}
+        for label, action in actions.items():
+            self.buttons[label].on_click(lambda _b, act=action: self._safely(act))
+
+    def _changed(self, name: str):
+        def observer(change: dict) -> None:
+            if not getattr(self._quiet, "on", False):
+                value = float(change["new"]) if name == "pace" else change["new"]
+                self._safely(lambda: self.lab.set(**{name: value}))
+        return observer
+
+    def _changed_delay(self, r: int):
+        def observer(change: dict) -> None:
+            if not getattr(self._quiet, "on", False):
+                self._safely(lambda: self.lab.set(delay={r: float(change["new"])}))
+        return observer
+
+    def _safely(self, action) -> None:
+        """A refused change is shown in the panel's log, never raised into the kernel."""
+        try:
+            action()
+            self.error = None
+        except Exception as e:  # every refusal is reported the same way
+            self.error = f"{type(e).__name__}: {e}"
+            on_error = getattr(self, "on_error", None)
+            if on_error is not None:
+                on_error(self.error)
+
+    def sync(self, config: RunConfig) -> None:
+        """Show `config` (from the publisher's thread) without queuing it again."""
+        self._quiet.on = True
+        try:
+            self.kind.value = config.kind
+            self.synchronization.value = config.synchronization.name
+            self.aggregation.value = config.aggregation.name
+            self.learning_rate.value = config.learning_rate
+            self.skew.value = min(config.skew, self.skew.max)
+            for slider, d in zip(self.delays, config.delays, strict=True):
+                slider.value = min(d, slider.max)
+            self.use_locking.value = config.use_locking
+            self.sync_period.value = min(config.sync_period, self.sync_period.max)
+            self.resync.value = config.resync
+            self.pace.value = int(min(config.pace, self.pace.max))
+            mirrored = config.kind == "mirrored"
+            self.synchronization.disabled = not mirrored
+            self.sync_period.disabled = not mirrored
+            self.use_locking.disabled = mirrored
+        finally:
+            self._quiet.on = False
+
+    def widget(self) -> w.Widget:
+        def section(text: str) -> w.HTML:
+            return w.HTML(f"<div style='margin:6px 0 0 2px;font-weight:600'>{text}</div>")
+
+        return w.VBox([  # headings above the buttons: the buttons get the full width
+            w.HBox(list(self.buttons.values())),
+            section("strategy"), self.kind, section("synchronization"), self.synchronization,
+            section("aggregation"), self.aggregation,
+            section("re-sync on switching to ON_WRITE or a PS"), self.resync,
+            self.sync_period, self.use_locking,
+            section("optimizer and data"), self.learning_rate, self.skew,
+            section("stragglers"), *self.delays,
+            section("speed"), self.pace,
+        ], layout=w.Layout(width="300px"))
+

@@ -1,0 +1,74 @@
+"""`LabPanel`: what `lab.show()` displays — the controls, a status line with the Dask
+dashboard link, the event log, and the live charts (per-replica traces of the tracked values,
+replica spread, loss per replica and global, steps/s, the parameter servers' staleness
+histogram, and for two-parameter models the parameter plane)."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as w
+
+from labdist.ui.controls import Controls
+from labdist.ui.histogram import Histogram
+from labdist.ui.line_chart import PALETTE, LineChart
+from labdist.ui.parameter_plane import ParameterPlane
+from labdist.ui.publisher import Publisher
+
+
+def make_charts(lab) -> dict:
+    n = lab.num_replicas
+    replicas = [f"replica {r}" for r in range(n)]
+    charts = {f"track:{name}": LineChart(title=f"{name}, each replica's copy", y_label=name,
+                                         series=replicas) for name in lab.track}
+    charts["spread"] = LineChart(title="replica spread (max distance of a copy to the mean)",
+                                 y_label="spread", series=["spread"], colors=["#333333"])
+    charts["loss"] = LineChart(title="loss per replica and global", y_label="loss",
+                               series=[*replicas, "global"], colors=[*PALETTE[:n], "#000000"],
+                               emphasis=n, log_y=True)
+    charts["throughput"] = LineChart(title="throughput", y_label="steps / s",
+                                     series=["steps / s"], colors=["#2b8a3e"])
+    charts["staleness"] = Histogram(
+        title="parameter-server staleness", x_label="staleness (updates between read and "
+        "apply)", y_label="updates", note="torn reads: 0 (no parameter-server steps yet)")
+    if lab.model.plane:
+        a, b = lab.model.plane
+        charts["plane"] = ParameterPlane(
+            title=f"parameter plane: each replica's path over the loss ({a}, {b})",
+            x_label=a, y_label=b, series=replicas, height=260)
+    for name, chart in charts.items():
+        chart.add_class("labdist-" + name.replace(":", "-").replace("[", "-").replace("]", ""))
+    return charts
+
+
+class LabPanel:
+    def __init__(self, lab):
+        self.lab = lab
+        self.charts = make_charts(lab)
+        self.controls = Controls(lab)
+        self.status = w.HTML("", layout=w.Layout(margin="0 16px 4px 4px"))
+        self.status.add_class("labdist-status")
+        self.log = w.Output(layout=w.Layout(max_height="140px", overflow="auto",
+                                            border="1px solid #ddd"))
+        self.log.add_class("labdist-log")
+        link = lab.dashboard_link
+        self.dashboard = w.HTML(
+            f"<a href='{html.escape(link)}' target='_blank'>Dask dashboard</a>" if link
+            else "no Dask dashboard for this cluster")
+        self.dashboard.add_class("labdist-dashboard")
+        self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log)
+        self.controls.on_error = lambda text: self.log.append_stdout(f"refused: {text}\n")
+        charts = list(self.charts.values())
+        plane = [self.charts["plane"]] if "plane" in self.charts else []
+        grid = w.GridBox([c for c in charts if c not in plane],
+                         layout=w.Layout(grid_template_columns="repeat(2, minmax(300px, 1fr))",
+                                         grid_gap="6px 10px", width="100%"))
+        right = w.VBox([self.status, *plane, grid,
+                        w.HTML("<b>events</b>"), self.log],
+                       layout=w.Layout(flex="1 1 auto", min_width="620px"))
+        left = w.VBox([self.controls.widget(), self.dashboard])
+        self.widget = w.HBox([left, right], layout=w.Layout(width="100%"))
+        self.widget.add_class("labdist-panel")
+
+    def close(self) -> None:
+        self.publisher.close()

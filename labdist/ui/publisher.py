@@ -1,0 +1,224 @@
+"""From the run to the charts, at most `RATE_HZ` times a second, on a thread of its own.
+
+The runner's listener only puts items in a queue; this thread batches them into deltas (all
+the steps since the last frame in one message per chart), draws events on every chart, keeps
+the controls showing the configuration, and writes the event log through
+`Output.append_stdout` (never `with out:` from a thread).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+RATE_HZ = 20
+STATUS_HZ = 5
+LOG_LINES = 60
+GRID = 56  # the loss surface's resolution per axis
+
+
+class Publisher:
+    def __init__(self, lab, charts: dict[str, Any], controls, status, log):
+        self.lab = lab
+        self.charts = charts
+        self.controls = controls
+        self.status = status
+        self.log = log
+        self.frames = 0
+        self.items = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._ps_seen: Counter[int] = Counter()
+        self._surface_skew: float | None = None
+        self._surface_at = 0.0
+        self._log_lines = 0
+        self._last_status = 0.0
+        self._last_delay: float | None = None
+        plane = lab.model.plane
+        self._plane_index = ([lab._spec.index(p) for p in plane]
+                             if plane and "plane" in charts else None)
+        lab._runner.listen(self.items.put)
+        self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        period = 1.0 / RATE_HZ
+        if self._plane_index is not None:
+            self._safe(self._surface, force=True)
+        while not self._stop.is_set():
+            start = time.monotonic()
+            items = []
+            while True:
+                try:
+                    items.append(self.items.get_nowait())
+                except queue.Empty:
+                    break
+            if items:
+                self._safe(self._publish, items)
+                self.frames += 1
+            if start - self._last_status >= 1.0 / STATUS_HZ:
+                self._last_status = start
+                self._safe(self._show_status)
+            self._stop.wait(max(0.0, period - (time.monotonic() - start)))
+
+    def _safe(self, fn, *args, **kwargs) -> None:
+        """A drawing problem goes to the log; it must never stop the publisher."""
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:  # reported in the panel, the thread goes on
+            self._log(f"panel error: {type(e).__name__}: {e}")
+
+    # -- one frame ------------------------------------------------------------------------------
+    def _publish(self, items: list[dict]) -> None:
+        rows: list[dict] = []
+        for item in items:
+            kind = item["type"]
+            if kind == "step":
+                rows.append(item)
+                continue
+            self._rows(rows)
+            rows = []
+            if kind == "event":
+                self._event(item)
+            elif kind == "ps_stats":
+                self._ps_stats(item)
+            elif kind == "reset":
+                self._reset()
+            elif kind == "error":
+                self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
+        self._rows(rows)
+
+    def _rows(self, rows: list[dict]) -> None:
+        if not rows:
+            return
+        c = self.charts
+        x = [r["step"] for r in rows]
+        n = self.lab.num_replicas
+        c["loss"].append(x, [[r["loss"][k] for r in rows] for k in range(n)]
+                         + [[r["global_loss"] for r in rows]])
+        c["spread"].append(x, [[r["spread"] for r in rows]])
+        for i, name in enumerate(self.lab.track):
+            c[f"track:{name}"].append(x, [[r["tracked"][i][k] for r in rows] for k in range(n)])
+        c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
+        if self._plane_index is not None:
+            points = [r["plane"][:, self._plane_index] for r in rows]
+            c["plane"].append(points)
+            self._surface(points=points)
+
+    def _event(self, item: dict) -> None:
+        label = ", ".join(f"{k} → {_short(v[1])}" for k, v in item["changes"].items())
+        moved_ps = bool({"kind", "use_locking"} & item["changes"].keys())
+        for name, chart in self.charts.items():
+            if name == "staleness":  # its counts restart when the parameter server changes
+                if moved_ps:
+                    chart.event(f"since step {item['step']}: {label}")
+            elif name == "plane":
+                chart.event(label)
+            else:
+                chart.event(item["step"], label)
+        self._last_delay = item["applied"] - item["requested"]
+        self._log(f"step {item['step']}: {label}  (applied {self._last_delay * 1e3:.0f} ms "
+                  "after the request)")
+        if moved_ps:
+            self._ps_seen.clear()  # the counters now come from another parameter server
+        self.controls.sync(self.lab._runner.pending_config())
+        if "skew" in item["changes"] and self._plane_index is not None:
+            self._surface(force=True)
+
+    def _ps_stats(self, item: dict) -> None:
+        seen = Counter({int(k): v for k, v in item["staleness"].items()})
+        delta = {k: v - self._ps_seen.get(k, 0) for k, v in seen.items()
+                 if v > self._ps_seen.get(k, 0)}
+        self._ps_seen = seen
+        self.charts["staleness"].add(delta)
+        self.charts["staleness"].note = (f"torn reads: {item['torn_reads']} · "
+                                         f"updates: {item['updates']} · dropped stale: "
+                                         f"{item['dropped']}")
+
+    def _reset(self) -> None:
+        for chart in self.charts.values():
+            chart.reset()
+        self._ps_seen.clear()
+        self._log("reset: back to the initial parameters at step 0")
+        if self._plane_index is not None:
+            self._surface(force=True)
+
+    # -- the loss surface (two-parameter models) ------------------------------------------
+    def _surface(self, points: list[np.ndarray] | None = None, force: bool = False) -> None:
+        """Recompute when the skew changed, or a path left the box (at most twice a
+        second)."""
+        plane = self.charts["plane"]
+        skew = self.lab._runner.pending_config().skew
+        box = plane.bounds
+        if not force and box is not None and skew == self._surface_skew:
+            pts = np.concatenate(points) if points else np.empty((0, 2))
+            inside = ((pts[:, 0] >= box[0]) & (pts[:, 0] <= box[1])
+                      & (pts[:, 1] >= box[2]) & (pts[:, 1] <= box[3]))
+            if inside.all() or time.monotonic() - self._surface_at < 0.5:
+                return
+        self._surface_at = time.monotonic()
+        self._surface_skew = skew
+        bounds = self._box(skew)
+        a = np.linspace(bounds[0], bounds[1], GRID)
+        b = np.linspace(bounds[2], bounds[3], GRID)
+        aa, bb = np.meshgrid(a, b)
+        model, (x, y) = self.lab.model, self.lab.data
+        base = self.lab._spec.unflatten(self.lab._spec.flatten(model.init_params()))
+        n = self.lab.num_replicas
+        z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
+                for r in range(n)) / n  # every replica's objective, averaged
+        plane.set_surface(bounds, z.reshape(GRID, GRID))
+
+    def _box(self, skew: float) -> tuple[float, float, float, float]:
+        spec, model = self.lab._spec, self.lab.model
+        pts = [spec.flatten(model.init_params())[self._plane_index]]
+        if hasattr(model, "solve"):
+            x, y = self.lab.data
+            for r in range(self.lab.num_replicas):
+                pts.append(spec.flatten(model.solve(x + r * skew, y))[self._plane_index])
+        path = self.charts["plane"]._paths
+        for p in path:
+            pts += [np.asarray(q) for q in p[-200:]]
+        pts = np.array(pts)
+        lo, hi = pts.min(axis=0), pts.max(axis=0)
+        span = np.maximum(hi - lo, 0.5)
+        lo, hi = lo - 0.25 * span, hi + 0.25 * span
+        return float(lo[0]), float(hi[0]), float(lo[1]), float(hi[1])
+
+    # -- text -------------------------------------------------------------------------------------
+    def _log(self, line: str) -> None:
+        if self._log_lines >= LOG_LINES:  # keep the log (re-sent whole on each change) small
+            self.log.outputs = self.log.outputs[-(LOG_LINES // 2):]
+            self._log_lines = LOG_LINES // 2
+        self.log.append_stdout(line + "\n")
+        self._log_lines += 1
+
+    def _show_status(self) -> None:
+        lab = self.lab
+        parts = [f"<b>step {lab.step_count}</b>", lab.state,
+                 f"{lab.steps_per_second():.0f} steps/s", lab.config.describe()]
+        if self._last_delay is not None:
+            parts.append(f"last change applied {self._last_delay * 1e3:.0f} ms after request")
+        if self.controls.error:
+            parts.append(f"<span style='color:#b00'>{self.controls.error}</span>")
+        text = " · ".join(parts)
+        if self.status.value != text:
+            self.status.value = text
+
+
+def _short(value: Any) -> str:
+    if value == "ONLY_FIRST_REPLICA":
+        return "FIRST"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)

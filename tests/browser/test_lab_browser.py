@@ -1,0 +1,85 @@
+"""The lab in a real JupyterLab and a real browser (Debian chromium + Playwright): a person's click
+on a mode control switches aggregation while training runs, the kernel applies it at the next
+step, and the spread chart changes. Run with JupyterLab's commsOverSubshells on and off: on, a
+click is applied even while another cell keeps the kernel's main shell busy; off, it waits for
+that cell (the reason the lab's observers only enqueue)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+
+CELLS = [
+    "import labdist as ld\nlab = ld.Lab(skew=2.0, pace=40)\nlab.show()",
+    "lab.run()",
+    "import time\ntime.sleep(6)",
+    "print(lab.config.aggregation.name, '|', ' / '.join(e.text for e in lab.events))",
+    "lab.close()",
+]
+
+SPREAD = """() => {
+  const s = document.querySelector('.labdist-spread').labdist;
+  const ys = s.y[0] || [];
+  const ev = s.events.length ? s.events[s.events.length - 1].x : null;
+  const after = ev === null ? [] : ys.filter((_, i) => s.x[i] > ev);
+  return {points: s.x.length, events: s.events.length, updates: s.updates,
+          max_before: Math.max(0, ...ys.filter((_, i) => ev === null || s.x[i] <= ev)),
+          max_after: Math.max(0, ...after), after: after.length,
+          image: document.querySelector('.labdist-spread canvas').toDataURL()};
+}"""
+
+
+@pytest.mark.parametrize("subshells", ["on", "off"])
+def test_a_click_switches_aggregation_mid_run(tmp_path, subshells):
+    write_notebook(tmp_path / "lab.ipynb", CELLS)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with JupyterLab(tmp_path, subshells) as server, browser() as page:
+        nb = Notebook(page, server, "lab.ipynb")
+        try:
+            nb.run(0)
+            page.locator(".labdist-panel").wait_for()
+            nb.run(1)
+            page.wait_for_function(
+                "() => (document.querySelector('.labdist-spread').labdist.x.length >= 40)")
+            before = page.evaluate(SPREAD)
+            assert before["events"] == 0 and before["max_before"] == 0.0  # ON_WRITE MEAN
+
+            # the charts hear from the kernel at most 20 times a second (40 steps/s here)
+            t0 = time.monotonic()
+            time.sleep(2.0)
+            rate = (page.evaluate(SPREAD)["updates"] - before["updates"]) / (
+                time.monotonic() - t0)
+            assert 3 <= rate <= 21, rate
+
+            page.locator(".labdist-aggregation button", has_text="NONE").click()
+            page.wait_for_function(
+                "() => { const s = document.querySelector('.labdist-spread').labdist;"
+                " if (!s.events.length) return false; const ev = s.events[0].x;"
+                " return s.x.filter(x => x > ev).length >= 40; }", timeout=30_000)
+            after = page.evaluate(SPREAD)
+            assert after["events"] == 1 and after["max_before"] == 0.0
+            assert after["max_after"] > 0.01  # the copies drift apart on skewed data
+            assert after["image"] != before["image"]  # and the chart shows it
+            page.locator(".labdist-status", has_text="mirrored ON_WRITE, NONE").wait_for()
+            page.locator(".labdist-panel").screenshot(
+                path=str(OUTPUT / f"lab-subshells-{subshells}.png"))
+
+            nb.run(2, wait=False)  # the main shell is busy for 6 s
+            page.locator(".labdist-aggregation button", has_text="SUM").click()
+            page.locator(".labdist-log", has_text="aggregation → SUM").wait_for(timeout=30_000)
+            # on: applied while the other cell runs; off: only once it has finished
+            assert nb.running(2) is (subshells == "on")
+            nb.wait_done(2)
+            nb.run(3)
+            printed = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
+            assert printed.startswith("SUM |")
+            assert "aggregation MEAN → NONE / aggregation NONE → SUM" in printed
+            nb.run(4)
+            assert nb.errors() == []
+        except BaseException:
+            page.screenshot(path=str(OUTPUT / f"lab-subshells-{subshells}-failed.png"))
+            raise

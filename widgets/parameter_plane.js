@@ -1,0 +1,248 @@
+// labdist ParameterPlane: each replica's path through a two-parameter model's plane, drawn
+// over the loss surface (shaded, with contour lines). The kernel sends only deltas: new points
+// ("append"), "event" markers, a new surface ("contours") when the data or the view changes,
+// and "reset"; a view that (re)connects says "hello" and gets one "snapshot".
+
+const MAX_POINTS = 3000; // per replica; older points thinned by half
+
+function niceStep(span, count) {
+  const raw = span / Math.max(count, 1);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const norm = raw / mag;
+  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
+}
+
+function ticks(lo, hi, count) {
+  if (!(hi > lo)) return [lo];
+  const step = niceStep(hi - lo, count);
+  const out = [];
+  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
+    out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
+  }
+  return out;
+}
+
+function fmt(v) {
+  const a = Math.abs(v);
+  if (a === 0) return "0";
+  if (a >= 1e4 || a < 1e-3) return v.toExponential(1);
+  return String(Number(v.toPrecision(3)));
+}
+
+// pale blue (low loss) to pale yellow (high), so the paths on top stay readable
+const STOPS = [[222, 235, 247], [198, 219, 239], [224, 236, 214], [252, 241, 200], [253, 219, 180]];
+function shade(t) {
+  const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1);
+  const i = Math.min(Math.floor(x), STOPS.length - 2);
+  const f = x - i;
+  return STOPS[i].map((c, k) => Math.round(c + (STOPS[i + 1][k] - c) * f));
+}
+
+// contour segments of a grid (row-major, ny rows of nx) at one level, in grid coordinates
+function marching(z, nx, ny, level, out) {
+  const at = (i, j) => z[j * nx + i];
+  const cross = (a, b, va, vb) => a + ((level - va) / (vb - va)) * (b - a);
+  for (let j = 0; j < ny - 1; j++) {
+    for (let i = 0; i < nx - 1; i++) {
+      const v = [at(i, j), at(i + 1, j), at(i + 1, j + 1), at(i, j + 1)];
+      const pts = [];
+      const edges = [[0, 1, [i, j], [i + 1, j]], [1, 2, [i + 1, j], [i + 1, j + 1]],
+        [2, 3, [i + 1, j + 1], [i, j + 1]], [3, 0, [i, j + 1], [i, j]]];
+      for (const [a, b, pa, pb] of edges) {
+        if ((v[a] < level) !== (v[b] < level)) {
+          pts.push([cross(pa[0], pb[0], v[a], v[b]), cross(pa[1], pb[1], v[a], v[b])]);
+        }
+      }
+      if (pts.length === 2) out.push(pts[0], pts[1]);
+      else if (pts.length === 4) out.push(pts[0], pts[1], pts[2], pts[3]);
+    }
+  }
+}
+
+function surface(s, c) {
+  const lz = c.z.map((v) => Math.log10(Math.max(v, 1e-12)));
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of lz) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  const img = new ImageData(c.nx, c.ny);
+  for (let j = 0; j < c.ny; j++) {
+    for (let i = 0; i < c.nx; i++) {
+      const [r, g, b] = shade((lz[j * c.nx + i] - lo) / (hi - lo || 1));
+      const k = ((c.ny - 1 - j) * c.nx + i) * 4; // row 0 is the lowest b: the image's bottom
+      img.data[k] = r; img.data[k + 1] = g; img.data[k + 2] = b; img.data[k + 3] = 255;
+    }
+  }
+  const off = document.createElement("canvas");
+  off.width = c.nx;
+  off.height = c.ny;
+  off.getContext("2d").putImageData(img, 0, 0);
+  const segs = [];
+  const levels = 12;
+  for (let q = 1; q < levels; q++) marching(lz, c.nx, c.ny, lo + ((hi - lo) * q) / levels, segs);
+  s.surface = { c, image: off, segs };
+}
+
+function apply(s, msg) {
+  if (msg.type === "snapshot") {
+    s.paths = msg.paths.map((p) => p.slice());
+    s.events = msg.events.slice();
+    s.surface = null;
+    if (msg.contours) surface(s, msg.contours);
+  } else if (msg.type === "append") {
+    for (const step of msg.points) {
+      step.forEach((p, r) => { (s.paths[r] = s.paths[r] || []).push(p); });
+    }
+    for (let r = 0; r < s.paths.length; r++) {
+      if (s.paths[r].length > MAX_POINTS) {
+        s.paths[r] = s.paths[r].filter((_, i, a) => i % 2 === 0 || i === a.length - 1);
+        s.events = s.events.map((e) => ({ ...e, index: Math.floor(e.index / 2) }));
+      }
+    }
+  } else if (msg.type === "event") {
+    s.events.push({ index: msg.index, label: msg.label });
+  } else if (msg.type === "contours") {
+    surface(s, msg.contours);
+  } else if (msg.type === "reset") {
+    s.paths = [];
+    s.events = [];
+  }
+  s.updates += 1;
+}
+
+function draw(el, canvas, model, s) {
+  const t0 = performance.now();
+  const dpr = window.devicePixelRatio || 1;
+  const width = Math.max(canvas.clientWidth, 50);
+  const height = model.get("height");
+  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(height * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  const pad = { l: 58, r: 12, t: 12, b: 34 };
+  const w = width - pad.l - pad.r;
+  const h = height - pad.t - pad.b;
+  const c = s.surface && s.surface.c;
+  let [a0, a1, b0, b1] = c ? c.bounds : [-1, 1, -1, 1];
+  if (!c) {
+    for (const p of s.paths.flat()) {
+      a0 = Math.min(a0, p[0]); a1 = Math.max(a1, p[0]); b0 = Math.min(b0, p[1]); b1 = Math.max(b1, p[1]);
+    }
+  }
+  const px = (a) => pad.l + ((a - a0) / (a1 - a0)) * w;
+  const py = (b) => pad.t + h - ((b - b0) / (b1 - b0)) * h;
+  ctx.save();
+  ctx.beginPath(); ctx.rect(pad.l, pad.t, w, h); ctx.clip();
+  if (c) {
+    ctx.imageSmoothingEnabled = true;
+    ctx.drawImage(s.surface.image, pad.l, pad.t, w, h);
+    ctx.strokeStyle = "rgba(70,90,120,0.45)";
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    const gx = (i) => pad.l + (i / (c.nx - 1)) * w;
+    const gy = (j) => pad.t + h - (j / (c.ny - 1)) * h;
+    const segs = s.surface.segs;
+    for (let k = 0; k + 1 < segs.length; k += 2) {
+      ctx.moveTo(gx(segs[k][0]), gy(segs[k][1]));
+      ctx.lineTo(gx(segs[k + 1][0]), gy(segs[k + 1][1]));
+    }
+    ctx.stroke();
+  }
+  const colors = model.get("colors");
+  s.paths.forEach((path, r) => {
+    if (!path.length) return;
+    ctx.strokeStyle = colors[r % colors.length];
+    ctx.lineWidth = 1.6;
+    ctx.beginPath();
+    path.forEach((p, i) => (i ? ctx.lineTo(px(p[0]), py(p[1])) : ctx.moveTo(px(p[0]), py(p[1]))));
+    ctx.stroke();
+    const last = path[path.length - 1];
+    ctx.fillStyle = colors[r % colors.length];
+    ctx.beginPath(); ctx.arc(px(last[0]), py(last[1]), 4, 0, 2 * Math.PI); ctx.fill();
+  });
+  ctx.strokeStyle = "#6b2fa3";
+  ctx.fillStyle = "#6b2fa3";
+  ctx.font = "11px sans-serif";
+  s.events.forEach((e, k) => {
+    s.paths.forEach((path) => {
+      const p = path[Math.min(e.index, path.length - 1)];
+      if (!p) return;
+      ctx.beginPath(); ctx.arc(px(p[0]), py(p[1]), 6, 0, 2 * Math.PI); ctx.stroke();
+    });
+    const p0 = s.paths[0] && s.paths[0][Math.min(e.index, s.paths[0].length - 1)];
+    if (p0) ctx.fillText(e.label, Math.min(px(p0[0]) + 8, pad.l + w - 80), py(p0[1]) - 8 - (k % 3) * 12);
+  });
+  ctx.restore();
+
+  ctx.font = "11px sans-serif";
+  ctx.fillStyle = "#444";
+  ctx.strokeStyle = "#888";
+  ctx.strokeRect(pad.l, pad.t, w, h);
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  for (const v of ticks(b0, b1, Math.max(2, Math.floor(h / 40)))) ctx.fillText(fmt(v), pad.l - 6, py(v));
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  for (const v of ticks(a0, a1, Math.max(2, Math.floor(w / 80)))) ctx.fillText(fmt(v), px(v), pad.t + h + 4);
+  ctx.fillStyle = "#222";
+  ctx.fillText(model.get("x_label"), pad.l + w / 2, height - 14);
+  ctx.save();
+  ctx.translate(12, pad.t + h / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textBaseline = "middle";
+  ctx.fillText(model.get("y_label"), 0, 0);
+  ctx.restore();
+  s.draws += 1;
+  s.drawMs += performance.now() - t0;
+  el.dataset.points = String(s.paths.length ? s.paths[0].length : 0);
+  el.dataset.draws = String(s.draws);
+}
+
+export default {
+  render({ model, el }) {
+    const s = { paths: [], events: [], surface: null, updates: 0, draws: 0, drawMs: 0 };
+    el.classList.add("labdist-chart", "labdist-parameter-plane");
+    el.style.cssText = "font:12px sans-serif;color:#222;min-width:260px";
+    const title = document.createElement("div");
+    title.style.cssText = "font-weight:600;margin:2px 0 2px 4px";
+    const box = document.createElement("div");
+    box.style.cssText = "margin:0 0 2px 4px;font-size:11px";
+    const canvas = document.createElement("canvas");
+    canvas.style.cssText = `width:100%;height:${model.get("height")}px;display:block`;
+    el.append(title, box, canvas);
+    el.labdist = s;
+    let scheduled = false;
+    const frame = () => { scheduled = false; draw(el, canvas, model, s); };
+    const invalidate = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(frame); } };
+    const onMsg = (msg) => { apply(s, msg); invalidate(); };
+    const onChange = () => {
+      title.textContent = model.get("title");
+      el.dataset.title = model.get("title");
+      canvas.style.height = `${model.get("height")}px`;
+      box.replaceChildren();
+      const colors = model.get("colors");
+      model.get("series").forEach((name, i) => {
+        const item = document.createElement("span");
+        item.style.cssText = "margin-right:10px;white-space:nowrap";
+        const dot = document.createElement("span");
+        dot.style.cssText = `display:inline-block;width:8px;height:8px;border-radius:4px;margin-right:4px;background:${colors[i % colors.length]}`;
+        item.append(dot, name);
+        box.append(item);
+      });
+      invalidate();
+    };
+    model.on("msg:custom", onMsg);
+    model.on("change", onChange);
+    const resize = new ResizeObserver(invalidate);
+    resize.observe(canvas);
+    onChange();
+    model.send({ type: "hello" });
+    return () => {
+      model.off("msg:custom", onMsg);
+      model.off("change", onChange);
+      resize.disconnect();
+    };
+  },
+};
