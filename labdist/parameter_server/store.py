@@ -181,7 +181,7 @@ class ParameterStore:
         elif barrier:
             status = await self.sync.wait_barrier(step)
         else:
-            status = ACCEPTED
+            status = verdict  # accepted or duplicate (a re-run of work already counted)
         values = await self._run(self._values_of, items) if want else None
         return {"status": status, "global_step": self.sync.global_step, "values": values}
 
