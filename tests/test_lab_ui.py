@@ -1,0 +1,195 @@
+"""The lab's panel without a browser: what the charts are sent (deltas only, at most 20 frames a
+second, strict JSON, a snapshot when a front end says hello), controls that only queue, and
+the widgets' ES modules shipped in the wheel. The browser side is tests/browser/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist.ui import LabPanel
+from labdist.ui.publisher import RATE_HZ
+from labdist.ui.stream import esm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    s = ld.MirroredStrategy(num_replicas=2)
+    yield s
+    s.close()
+
+
+def capture(panel) -> dict[str, list[dict]]:
+    """Every message each chart sends, as the front end would receive it."""
+    sent: dict[str, list[dict]] = defaultdict(list)
+    for name, chart in panel.charts.items():
+        chart.send = (lambda n: lambda msg, buffers=None: sent[n].append(
+            json.loads(json.dumps(msg, allow_nan=False))))(name)
+    return sent
+
+
+def settle(panel, lab) -> None:
+    """Until the publisher has drawn everything the run produced."""
+    lab.wait()
+    deadline = time.monotonic() + 5
+    while not panel.publisher.items.empty() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(2.5 / RATE_HZ)
+
+
+def test_charts_get_only_deltas_at_most_20_times_a_second(strategy):
+    with ld.Lab(strategy, skew=1.0) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        t0 = time.monotonic()
+        lab.step(300)  # fast: several steps per frame
+        settle(panel, lab)
+        elapsed = time.monotonic() - t0
+        appends = [m for m in sent["spread"] if m["type"] == "append"]
+        assert len(appends) <= RATE_HZ * elapsed + 2
+        xs = [x for m in appends for x in m["x"]]
+        assert xs == list(range(1, 301))  # each step sent once, in order: deltas, no re-sends
+        plane = [p for m in sent["plane"] if m["type"] == "append" for p in m["points"]]
+        assert len(plane) == 300 and np.shape(plane[0]) == (2, 2)
+        losses = [m for m in sent["loss"] if m["type"] == "append"]
+        assert len(losses[0]["y"]) == 3  # replica 0, replica 1, global
+        panel.close()
+
+
+def test_a_front_end_that_says_hello_gets_a_snapshot(strategy):
+    with ld.Lab(strategy, skew=1.0, learning_rate=0.05) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        lab.step(20)
+        lab.set(aggregation="NONE")
+        lab.step(10)
+        settle(panel, lab)
+        chart = panel.charts["track:w"]
+        chart._from_frontend(chart, {"type": "hello"}, [])
+        snap = sent["track:w"][-1]
+        assert snap["type"] == "snapshot"
+        assert snap["x"] == [float(s) for s in lab.history.step]
+        got = np.array(snap["y"]).T
+        np.testing.assert_allclose(got, lab.history.tracked("w"), rtol=1e-12)
+        assert [e["label"] for e in snap["events"]] == ["aggregation → NONE"]
+        assert snap["events"][0]["x"] == 20.0
+        panel.charts["plane"]._from_frontend(None, {"type": "hello"}, [])
+        plane = sent["plane"][-1]
+        assert plane["type"] == "snapshot" and len(plane["paths"][0]) == len(lab.history)
+        assert plane["contours"]["nx"] == plane["contours"]["ny"] == 56
+        panel.close()
+
+
+def test_loss_gaps_travel_as_null_not_nan(strategy):
+    """A switch row has no loss (nan in the history); strict JSON has no NaN."""
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        lab.step(3)
+        lab.set(synchronization="ON_READ")
+        lab.step(2)
+        settle(panel, lab)
+        ys = [v for m in sent["loss"] if m["type"] == "append" for v in m["y"][0]]
+        assert None in ys and len(ys) == 6  # 5 steps and the switch
+        panel.close()
+
+
+def test_controls_only_queue_and_show_what_applies(strategy):
+    with ld.Lab(strategy, model=ld.lab.Linear(1), delays=[0.0, 0.2]) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        c = panel.controls
+        lab.run()  # every step waits 0.2 s for replica 1
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        c.aggregation.value = "SUM"  # what a click does, on the kernel's comm thread
+        c.learning_rate.value = 0.2
+        queued = time.perf_counter() - t0
+        assert queued < 0.02  # never waits for the step in progress
+        assert lab.config.aggregation is ld.VariableAggregation.MEAN  # not applied yet
+        lab.pause()
+        assert lab.config.aggregation is ld.VariableAggregation.SUM
+        assert lab.config.learning_rate == 0.2
+        lab.set(skew=1.5, synchronization="ON_READ")  # a plain call: the controls follow
+        lab.wait()
+        settle(panel, lab)
+        assert (c.skew.value, c.synchronization.value) == (1.5, "ON_READ")
+        assert c.use_locking.disabled and not c.synchronization.disabled
+        c.buttons["step"].click()
+        lab.wait()
+        assert lab.step_count > 0 and c.error is None
+        log = "".join(o["text"] for o in panel.log.outputs)
+        assert "aggregation → SUM" in log and "skew → 1.5" in log
+        panel.close()
+
+
+def test_a_refused_control_value_is_logged_not_raised(strategy):
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        panel.controls._changed("learning_rate")({"new": -1.0})
+        assert "learning_rate=-1.0 is not allowed" in panel.controls.error
+        assert "refused: ValueError" in "".join(o["text"] for o in panel.log.outputs)
+        assert lab.events == []
+        panel.close()
+
+
+def test_parameter_server_staleness_reaches_the_histogram(strategy):
+    with ld.Lab(strategy, kind="ps_async", delays=[0.0, 0.02]) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        lab.step(20)
+        settle(panel, lab)
+        added = defaultdict(int)
+        for m in sent["staleness"]:
+            if m["type"] == "add":
+                for k, v in m["counts"].items():
+                    added[int(k)] += v
+        assert sum(added.values()) == 20 * 2 * 2  # a push per variable, worker and round
+        assert dict(added) == panel.charts["staleness"].counts
+        assert "torn reads: " in panel.charts["staleness"].note
+        panel.close()
+
+
+def test_the_surface_follows_the_skew(strategy):
+    with ld.Lab(strategy, skew=0.0) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        time.sleep(3 / RATE_HZ)
+        plane = panel.charts["plane"]
+        first = plane._contours
+        x, y = lab.data
+        best = lab.model.solve(x, y)
+        a0, a1, b0, b1 = first["bounds"]
+        assert a0 < float(best["w"]) < a1 and b0 < float(best["b"]) < b1
+        z = np.array(first["z"]).reshape(56, 56)
+        j, i = np.unravel_index(z.argmin(), z.shape)
+        a, b = np.linspace(a0, a1, 56)[i], np.linspace(b0, b1, 56)[j]
+        assert abs(a - float(best["w"])) < (a1 - a0) / 20  # the minimum is the optimum
+        assert abs(b - float(best["b"])) < (b1 - b0) / 20
+        lab.set(skew=3.0)
+        lab.wait()
+        settle(panel, lab)
+        assert plane._contours is not first and plane._contours["z"] != first["z"]
+        panel.close()
+
+
+def test_widget_modules_are_found_and_ship_in_the_wheel(tmp_path):
+    for name in ("line_chart", "histogram", "parameter_plane"):
+        assert esm(name).read_text().lstrip().startswith("//")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, timeout=240)
+    (wheel,) = tmp_path.glob("labdist-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"labdist/widgets/line_chart.js", "labdist/widgets/histogram.js",
+            "labdist/widgets/parameter_plane.js", "labdist/ui/line_chart.py"} <= names
