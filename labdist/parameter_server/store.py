@@ -30,7 +30,7 @@ from labdist.parameter_server.sync import (
 )
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
-INLINE_READ_ELEMENTS = 1 << 16  # reads up to this many elements skip the thread pool
+INLINE_READ_ELEMENTS = 1 << 20  # reads up to this many elements (4 MB of float32) skip the pool
 
 
 class ParameterStore:
