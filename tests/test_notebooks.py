@@ -83,3 +83,17 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
     assert code and all(c.execution_count is not None for c in code)
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+
+
+def test_the_readme_links_resolve_and_list_every_notebook():
+    """A newcomer's map: every relative link in the README leads to a file, every notebook
+    is listed, and the Binder badge opens the lab notebook that postBuild makes the default."""
+    root = NOTEBOOK_DIR.parent
+    readme = (root / "README.md").read_text()
+    for target in re.findall(r"\]\((?!https?://|#)([^)#\s]+)", readme):
+        assert (root / target).exists(), f"README links to missing {target}"
+    for path in NOTEBOOKS:
+        assert f"](notebooks/{path.name})" in readme, f"README does not list {path.name}"
+    badge = re.search(r"mybinder\.org/v2/gh/[^)\s]+\?urlpath=lab/tree/([^)\s]+)\)", readme)
+    assert badge and (root / badge[1]).is_file(), "the Binder badge must open a notebook"
+    assert f"/lab/tree/{badge[1]}" in (root / "binder" / "postBuild").read_text()
