@@ -6,10 +6,12 @@ and optimizer in single-process numpy, measured in the same run.
 
 Run: `python bench/bench_ps.py [--quick]`.
 
-One update consumes one global batch of 64 in every mode (async: one worker's batch; sync: the
-batch split over the workers), so updates/s compare like for like. The machine this was
-written for has 2 cores shared by the driver, the scheduler, the parameter server and the
-workers: 4 workers oversubscribe it, on purpose (that is when staleness shows).
+Every configuration runs once per round, right after its own numpy baseline, and rounds repeat
+(3, or 1 with --quick): medians of rates and of ratios are reported. One update consumes one
+global batch of 64 in every mode (async: one worker's batch; sync: the batch split over the
+workers), so updates/s compare like for like. The machine this was written for has 2 cores
+shared by the driver, the scheduler, the parameter server and the workers: 4 workers
+oversubscribe it, on purpose (that is when staleness shows).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ CONFIGS = [  # (label, workers, strategy keyword arguments)
 ]
 
 
-def updates_per_s(client, workers: int, kwargs: dict, x, y, reps: int):
-    """(median updates/s over `reps` epochs, the stats of the last one)."""
+def updates_per_s(client, workers: int, kwargs: dict, x, y):
+    """(updates/s of one epoch, its stats), on a fresh strategy after a warm-up."""
     with ld.ParameterServerStrategy(client, num_workers=workers, num_ps=1, **kwargs) as s:
         with s.scope():
             model = ld.models.Sequential([
@@ -47,14 +49,11 @@ def updates_per_s(client, workers: int, kwargs: dict, x, y, reps: int):
             model.compile(loss="sparse_categorical_crossentropy",
                           optimizer=ld.optimizers.SGD(0.01))
         model.fit(x[:8 * BATCH], y[:8 * BATCH], batch_size=BATCH, verbose=0)  # warm-up
-        rates = []
-        for _ in range(reps):
-            s.reset_stats()
-            start = time.perf_counter()
-            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-            rates.append(-(-len(x) // BATCH) / (time.perf_counter() - start))
-            stats = s.stats()
-    return statistics.median(rates), stats
+        s.reset_stats()
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        rate = -(-len(x) // BATCH) / (time.perf_counter() - start)
+        return rate, s.stats()
 
 
 def main() -> None:
@@ -71,17 +70,31 @@ def main() -> None:
     cluster = start_local_cluster(5)  # one parameter server + up to 4 workers
     client = Client(cluster, direct_to_workers=True, set_as_default=False)
     try:
-        base = statistics.median(numpy_steps_per_s(x, y, BATCH, 100) for _ in range(reps))
+        # rounds interleave every configuration with its own numpy baseline, so the ratios
+        # hold when other work on the machine comes and goes
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in CONFIGS}
+        bases, last = [], {}
+        for _ in range(reps):
+            for label, workers, kwargs in CONFIGS:
+                base = numpy_steps_per_s(x, y, BATCH, 40)
+                rate, last[label] = updates_per_s(client, workers, kwargs, x, y)
+                runs[label].append((rate, rate / base))
+                bases.append(base)
         print(f"{'configuration':<42}{'updates/s':>10}{'vs numpy':>9}{'torn reads':>16}"
               f"{'interleaved':>12}{'staleness mean/max':>20}{'dropped':>9}")
-        print(f"{'numpy, one process':<42}{base:>10.1f}{1:>8.2f}x")
-        for label, workers, kwargs in CONFIGS:
-            rate, st = updates_per_s(client, workers, kwargs, x, y, reps)
+        print(f"{'numpy, one process (median)':<42}{statistics.median(bases):>10.1f}"
+              f"{1:>8.2f}x")
+        for label, _, _ in CONFIGS:
+            rate = statistics.median(r for r, _ in runs[label])
+            ratio = statistics.median(q for _, q in runs[label])
+            st = last[label]
             torn = f"{st.torn_reads}/{st.reads}"
-            print(f"{label:<42}{rate:>10.1f}{rate / base:>8.2f}x{torn:>16}"
+            print(f"{label:<42}{rate:>10.1f}{ratio:>8.2f}x{torn:>16}"
                   f"{st.interleaved_updates:>12}"
                   f"{f'{st.mean_staleness:.2f} / {st.max_staleness}':>20}"
                   f"{st.dropped_stale:>9}")
+        print("(medians over rounds; vs numpy: each run over the baseline measured just before "
+              "it; counts from the last round)")
     finally:
         client.close()
         cluster.close()
