@@ -303,6 +303,33 @@ def test_sync_mode_gives_mirrored_strategys_weights(client):
     assert not np.allclose(ps_weights[0], mlp_initial_kernel())  # it trained
 
 
+def test_sync_functions_aggregate_with_the_variables_aggregation(client):
+    """SyncReplicas for scheduled functions: each step takes one function's writes from each
+    worker, combines them with the variable's aggregation, and every worker then reads the
+    same values (the barrier)."""
+    with ld.ParameterServerStrategy(client, num_workers=2, mode="sync") as s:
+        with s.scope():
+            mean = ld.Variable(0.0, aggregation="MEAN", name="mean")
+            total = ld.Variable(0.0, aggregation="SUM", name="total")
+            each = ld.Variable(0.0, name="each")  # NONE: every worker's write is applied
+        coordinator = ld.ClusterCoordinator(s)
+
+        def step(k):
+            seen = float(mean.read_value())
+            assert mean.assign_add(float(k)) is None  # not known until the step is applied
+            total.assign_add(float(k))
+            each.assign_add(1.0)
+            return seen
+
+        values = [coordinator.schedule(step, args=(k,)) for k in (1, 3) * 3]
+        coordinator.join()
+        seen = sorted(v.fetch() for v in values)
+        stats = s.stats()
+        assert [float(v.numpy()) for v in (mean, total, each)] == [6.0, 12.0, 6.0]
+    assert seen == [0.0, 0.0, 2.0, 2.0, 4.0, 4.0]  # both workers read each step's values
+    assert stats.global_step == 3 and stats.staleness == {0: 6}
+
+
 def mlp_initial_kernel():
     rng = np.random.default_rng(0)
     return ld.layers.Dense(32).build(64, rng)["kernel"]
