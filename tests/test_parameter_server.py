@@ -339,7 +339,7 @@ def mlp_initial_kernel():
 def straggle(strategy) -> ld.parameter_server.ParameterServerStats:
     with strategy.scope():
         v = ld.Variable(0.0, name="v")
-    strategy.set_worker_delay(1, 0.25)
+    strategy.set_worker_delay(1, 0.4)
     coordinator = ld.ClusterCoordinator(strategy)
 
     def step():
