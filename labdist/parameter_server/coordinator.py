@@ -209,9 +209,9 @@ class ClusterCoordinator:
         return not self._closed and self._fatal is None and w in self._alive
 
     def _execute(self, w: int, closure: _Closure) -> tuple:
+        version, placement = self._group.placement_for(w)
         coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
-                                       closure.kwargs, self._group.placement_for(w),
-                                       closure.key)
+                                       closure.kwargs, placement, closure.key)
         future = asyncio.run_coroutine_threadsafe(coro, self._group.loop)
         while True:
             try:
@@ -232,6 +232,7 @@ class ClusterCoordinator:
                 return ("worker_lost",)
             except Exception as e:  # e.g. arguments that cannot be sent
                 return ("error", e, "")
+            self._group.placement_sent(w, version)  # the worker has it now
             if reply[0] == "ps_lost":
                 lost = self._group.lost_store()
                 return ("ps_lost", self._group.ps_lost_error(lost, reply[1]))

@@ -167,13 +167,15 @@ class ParameterServerGroup:
             return await asyncio.gather(*(self.call_worker(w, method, *args) for w in workers))
         return self.client.sync(gather)
 
-    def placement_for(self, w: int) -> dict[int, int] | None:
-        """The variable placement, when worker `w` has not seen the latest one yet."""
+    def placement_for(self, w: int) -> tuple[int, dict[int, int] | None]:
+        """(version, the variable placement when worker `w` has not got that version yet)."""
         with self._lock:
-            if self._sent.get(w) == self.placement_version:
-                return None
-            self._sent[w] = self.placement_version
-            return dict(self.placement)
+            version = self.placement_version
+            return version, (None if self._sent.get(w) == version else dict(self.placement))
+
+    def placement_sent(self, w: int, version: int) -> None:
+        with self._lock:
+            self._sent[w] = max(self._sent.get(w, -1), version)
 
     def worker_idle(self, w: int) -> None:
         with contextlib.suppress(Exception):

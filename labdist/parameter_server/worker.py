@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from labdist import nest
@@ -118,10 +119,11 @@ class ParameterServerWorker:
 
     async def make_dataset(self, dataset_id: str, fn_bytes: bytes) -> None:
         """Call the per-worker `dataset_fn` here (with an InputContext if it takes one)."""
-        import cloudpickle
-
         fn = cloudpickle.loads(fn_bytes)
-        takes_context = bool(inspect.signature(fn).parameters)
+        try:
+            takes_context = bool(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):  # a builtin without a signature: call it bare
+            takes_context = False
         ctx = InputContext(self.num_workers, self.index)
         self.datasets[dataset_id] = fn(ctx) if takes_context else fn()
 
@@ -151,7 +153,7 @@ class ParameterServerWorker:
             with enter(ctx):
                 result = fn(*args, **kwargs)
             ctx._flush()
-            pickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it travel?
+            cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
             return ("ok", result)
         except Retry:
             return ("retry",)
@@ -166,8 +168,6 @@ class ParameterServerWorker:
 
     def _load(self, fn_bytes: bytes):
         if fn_bytes != self._fn[0]:
-            import cloudpickle
-
             self._fn = (fn_bytes, cloudpickle.loads(fn_bytes))
         return self._fn[1]
 
