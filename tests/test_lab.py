@@ -150,6 +150,7 @@ def test_a_change_applies_at_the_next_boundary_within_a_step(strategy):
         (event,) = lab.events
         assert event.changes["aggregation"][1] is ld.VariableAggregation.SUM
         assert 0 < event.step < lab.step_count
+        assert event.steps_late <= 1  # at most the step in flight ran the old way
         step_s = 1 / lab.steps_per_second()
         assert event.delay <= max(2 * step_s, 0.1), (event.delay, step_s)
         # before the event +1 a step (MEAN), after it +2 (SUM of two -1 gradients)

@@ -28,6 +28,13 @@ class Event:
     changes: dict[str, tuple[Any, Any]]
     requested: float  # time.time() when the first of its changes was asked for
     applied: float  # time.time() when the runner had applied it
+    requested_step: int = 0  # steps completed when it was asked for
+
+    @property
+    def steps_late(self) -> int:
+        """Steps that finished after the request but ran the old way: 0, or 1 (the step that
+        was in flight); never more."""
+        return self.step - self.requested_step
 
     @property
     def delay(self) -> float:

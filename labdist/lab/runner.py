@@ -76,7 +76,7 @@ class Runner:
         self.state = "starting"
         self.error: BaseException | None = None
         self._cv = threading.Condition()
-        self._changes: list[tuple[dict, float]] = []
+        self._changes: list[tuple[dict, float, int]] = []  # (changes, asked at, steps then)
         self._calls: list[tuple[Callable, Future]] = []
         self._budget = 0
         self._closing = False
@@ -90,7 +90,7 @@ class Runner:
     # -- what the Lab calls (any thread; never blocks on training) ---------------------------
     def enqueue(self, changes: dict, requested: float) -> None:
         with self._cv:
-            self._changes.append((changes, requested))
+            self._changes.append((changes, requested, self.completed))
             self._cv.notify_all()
 
     def add_steps(self, steps: int | None) -> None:
@@ -143,7 +143,7 @@ class Runner:
         """The config once everything queued is applied (what new changes build on)."""
         with self._cv:
             config = self.config
-            for changes, _ in self._changes:
+            for changes, *_ in self._changes:
                 config = dataclasses.replace(config, **changes)
         return config
 
@@ -248,9 +248,9 @@ class Runner:
             return copies * self.n
         return copies
 
-    def _apply(self, changes: list[tuple[dict, float]]) -> None:
+    def _apply(self, changes: list[tuple[dict, float, int]]) -> None:
         old = new = self.config
-        for change, _ in changes:
+        for change, *_ in changes:
             new = dataclasses.replace(new, **change)
         diff = new.changes_from(old)
         if not diff:
@@ -268,12 +268,13 @@ class Runner:
         self.config = new
         self._next_at = 0.0
         text = "; ".join(f"{k} {_plain(a)} → {_plain(b)}" for k, (a, b) in diff.items())
-        event = Event(self.completed, text, diff,
-                      min(t for _, t in changes), time.time())
+        event = Event(self.completed, text, diff, min(t for _, t, _ in changes), time.time(),
+                      min(s for *_, s in changes))
         self.history.events.append(event)
         self._emit({"type": "event", "step": event.step, "text": event.text,
                     "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in diff.items()},
-                    "requested": event.requested, "applied": event.applied})
+                    "requested": event.requested, "applied": event.applied,
+                    "requested_step": event.requested_step})
         if moved:  # the copies right after the switch: a row at the same step
             values = np.stack([np.asarray(c) for c in after]) if len(after) == self.n \
                 else np.tile(after[0], (self.n, 1))

@@ -29,7 +29,8 @@ class Publisher:
         self.controls = controls
         self.status = status
         self.log = log
-        self.frames = 0
+        self.frames = 0  # frames that sent something
+        self.publish_s = 0.0  # Python time spent building and sending them
         self.items = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ps_seen: Counter[int] = Counter()
@@ -62,7 +63,9 @@ class Publisher:
                 except queue.Empty:
                     break
             if items:
+                t0 = time.perf_counter()
                 self._safe(self._publish, items)
+                self.publish_s += time.perf_counter() - t0
                 self.frames += 1
             if start - self._last_status >= 1.0 / STATUS_HZ:
                 self._last_status = start

@@ -162,6 +162,7 @@ class Notebook:
     def run(self, i: int, wait: bool = True) -> None:
         """Select cell i and press Shift+Enter; with `wait`, until its prompt shows a
         number."""
+        self.check_dialog()
         prompt = self.cell(i).locator(".jp-InputArea-prompt")
         before = prompt.inner_text()
         for _ in range(5):  # a key press while the kernel is still connecting can be lost
@@ -177,6 +178,14 @@ class Notebook:
                 continue
         if wait:
             self.wait_done(i)
+
+    def check_dialog(self) -> None:
+        """A JupyterLab dialog (e.g. a kernel that failed to start) blocks every click: say
+        what it says instead of timing out behind it."""
+        dialog = self.page.locator(".jp-Dialog")
+        if dialog.count():
+            raise RuntimeError("JupyterLab shows a dialog: "
+                               + " ".join(dialog.first.inner_text().split())[:500])
 
     def wait_done(self, i: int, timeout_ms: float | None = None) -> None:
         prompt = self.cell(i).locator(".jp-InputArea-prompt")
