@@ -323,3 +323,32 @@ def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
         assert sum(stats["staleness"].values()) == 120
         assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
         assert stats["torn_reads"] >= 0
+
+
+def test_a_failing_parameter_server_step_stops_the_run_and_reset_recovers(strategy):
+    with ld.Lab(strategy, model=Failing(), data=DATA, learning_rate=1.0,
+                kind="ps_async") as lab:
+        lab.run(20)
+        with pytest.raises(FloatingPointError, match=r"theta reached 3"):
+            lab.wait()
+        assert lab.state == "failed"
+        lab.reset()
+        lab.step(1)
+        assert [float(v["theta"]) for v in lab.values()] == [2.0]  # both workers pushed once
+
+
+def test_a_lab_on_a_parameter_server_strategy_switches_to_mirrored(strategy):
+    ps = ld.ParameterServerStrategy(cluster=strategy.client, num_workers=2, mode="sync")
+    try:
+        with ld.Lab(ps, model=Counting(), data=DATA, learning_rate=1.0) as lab:
+            assert lab.config.kind == "ps_sync" and lab.strategy is ps
+            lab.step(3)  # sync, MEAN of two -1 gradients: +1 a step
+            lab.set(kind="mirrored")
+            lab.step(2)
+            assert copies(lab, "theta") == [5.0, 5.0]
+            assert isinstance(lab.strategy, ld.MirroredStrategy)
+        with pytest.raises(RuntimeError, match="closed"):
+            lab.run(1)
+        assert not ps._closed  # the lab closes only what it made
+    finally:
+        ps.close()

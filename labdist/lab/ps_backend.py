@@ -12,6 +12,7 @@ shard of the global batch and pushes the update.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter, deque
 
@@ -97,7 +98,11 @@ class ParameterServerBackend:
         return done
 
     def _finish(self, step: int, values) -> StepRecord:
-        results = [v.fetch() for v in values]  # raises a function's error
+        try:
+            results = [v.fetch() for v in values]  # raises a function's error
+        except BaseException:
+            self._abandon()
+            raise
         sizes = [0] * self.num_replicas
         for w, loss, n, flat in results:  # a worker that ran twice in a round: its last
             self._views[w] = flat
@@ -105,6 +110,17 @@ class ParameterServerBackend:
             sizes[w] += n
         return StepRecord(step, self.kind, list(self._losses), sizes, self._views.copy(),
                           contributions=len(results))
+
+    def _abandon(self) -> None:
+        """After a function failed: forget the rounds in flight (the coordinator cancelled
+        what was queued) so the next run starts clean."""
+        for _, values in self._rounds:
+            for v in values:
+                with contextlib.suppress(BaseException):
+                    v.fetch()
+        self._rounds.clear()
+        with contextlib.suppress(BaseException):
+            self.coordinator.join()  # TF raises a failure once: here, not on the next run
 
     def drain(self) -> list[StepRecord]:
         done = [self._finish(*self._rounds.popleft()) for _ in range(len(self._rounds))]
