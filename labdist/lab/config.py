@@ -67,7 +67,8 @@ class RunConfig:
                 mode += f" (average every {self.sync_period})" if self.sync_period else ""
             return f"{mode}, {self.aggregation.name}"
         lock = ", use_locking" if self.use_locking else ""
-        return f"{self.kind.replace('_', ' ')}{lock}, {self.aggregation.name}"
+        agg = f", {self.aggregation.name}" if self.kind == "ps_sync" else ""  # async: unused
+        return f"{self.kind.replace('_', ' ')}{lock}{agg}"
 
     def changes_from(self, other: RunConfig) -> dict[str, tuple[Any, Any]]:
         """{field: (old, new)} for every field that differs from `other`."""

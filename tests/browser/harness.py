@@ -154,7 +154,12 @@ class Notebook:
         page.set_default_timeout(timeout_ms)
         page.goto(server.url(f"lab/tree/{name}"))
         page.locator(".jp-Notebook .jp-Cell").first.wait_for()
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
+        idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        idle.or_(page.locator(".jp-Dialog")).first.wait_for()
+        if page.locator(".jp-Dialog", has_text="Select Kernel").count():
+            page.locator(".jp-Dialog .jp-mod-accept").click()  # our kernel is preselected
+        self.check_dialog()
+        idle.wait_for()
 
     def cell(self, i: int):
         return self.page.locator(".jp-Notebook .jp-Cell").nth(i)
