@@ -10,6 +10,7 @@ Run: `python bench/bench_train.py [--quick]`.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -102,6 +103,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.random((SAMPLES, 784), dtype=np.float32)
     y = rng.integers(0, 10, SAMPLES)
+    print("load average at start: {:.2f} {:.2f} {:.2f} (2 cores: above ~0.5 the machine is "
+          "shared and every figure is low)".format(*os.getloadavg()))
     print(f"{'configuration':<44}{'steps/s':>10}{'vs numpy':>10}")
     with ld.MirroredStrategy(num_replicas=2) as strategy:
         for batch in (64, 256):
@@ -117,6 +120,9 @@ def main() -> None:
                     print(f"{label:<44}  {tf_rate}")
                 elif tf_rate is not None:
                     print(f"{label:<44}{tf_rate:>10.1f}{tf_rate / base:>9.2f}x")
+
+
+    print("load average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":
