@@ -144,10 +144,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="subshells on only, 6 clicks")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--subshells", choices=["on", "off", "both"], default="both",
+                        help="JupyterLab's commsOverSubshells setting(s) to measure")
     parser.add_argument("--pace", type=float, default=100.0,
                         help="the lab's steps/s cap (0: as fast as it goes; default 100)")
     args = parser.parse_args()
-    settings = ["on"] if args.quick else ["on", "off"]
+    settings = ["on", "off"] if args.subshells == "both" else [args.subshells]
+    if args.quick:
+        settings = settings[:1]
     clicks, window = (6, 3.0) if args.quick else (20, 6.0)
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
           "(the browser, JupyterLab, the kernel and both workers share them)")
