@@ -159,6 +159,8 @@ def test_parameter_server_staleness_reaches_the_histogram(strategy):
         assert dict(added) == panel.charts["staleness"].counts
         assert "torn reads: " in panel.charts["staleness"].note
         panel.close()
+        lab.step(2)  # a closed panel no longer collects the run's items
+        assert panel.publisher.items.empty()
 
 
 def test_the_surface_follows_the_skew(strategy):

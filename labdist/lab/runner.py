@@ -139,6 +139,10 @@ class Runner:
         only enqueue (the UI's publisher does the work)."""
         self._listeners.append(callback)
 
+    def unlisten(self, callback: Callable[[dict], None]) -> None:
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
     def pending_config(self) -> RunConfig:
         """The config once everything queued is applied (what new changes build on)."""
         with self._cv:

@@ -47,6 +47,7 @@ class Publisher:
         self._thread.start()
 
     def close(self) -> None:
+        self.lab._runner.unlisten(self.items.put)
         self._stop.set()
         self._thread.join(5)
 
