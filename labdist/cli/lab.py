@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +46,7 @@ def lab(directory: str | None, port: int | None, no_browser: bool, extra: list[s
         if not path.is_dir():
             raise UserError(f"{directory!r} is not a folder")
     print(f"JupyterLab on {path} (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(lab_command(path, port, no_browser, extra))
-    except KeyboardInterrupt:  # Ctrl-C reaches JupyterLab too, which shuts down cleanly
-        return 0
+    command = lab_command(path, port, no_browser, extra)
+    # Become JupyterLab: a child would be orphaned when `labdist lab` gets SIGTERM.
+    os.execv(command[0], command)
+    return 0  # not reached
