@@ -8,8 +8,10 @@ comes back for its own object: closures then mutate the driver's state, not a co
 from __future__ import annotations
 
 import io
+import pickle
 import types
 import weakref
+from typing import Any
 
 import cloudpickle
 
@@ -42,3 +44,22 @@ def driver_object(fn):
     token = getattr(fn, "__dict__", {}).get(_TOKEN)
     original = _driver_functions.get(token) if token is not None else None
     return original if original is not None else fn
+
+
+def picklable_error(error: BaseException) -> BaseException:
+    """`error` if it pickles, else a RuntimeError with its text: what a worker can send back."""
+    try:
+        pickle.dumps(error)
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def check_call(fn: Any, args: Any, kwargs: Any) -> None:
+    """The (fn, args, kwargs) of strategy.run / coordinator.schedule, checked at the boundary."""
+    if not callable(fn):
+        raise TypeError(f"fn={fn!r} is not callable")
+    if not isinstance(args, tuple | list):
+        raise TypeError(f"args={args!r} must be a tuple of positional arguments")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs={kwargs!r} must be a dict or None")

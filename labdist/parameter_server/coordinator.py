@@ -117,12 +117,7 @@ class ClusterCoordinator:
                  ) -> RemoteValue:
         """Queue `fn(*args, **kwargs)` to run on some worker; returns its RemoteValue. Raises
         the error of an earlier function that failed (as TF does), once."""
-        if not callable(fn):
-            raise TypeError(f"fn={fn!r} is not callable")
-        if not isinstance(args, tuple | list):
-            raise TypeError(f"args={args!r} must be a tuple of positional arguments")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
+        shipping.check_call(fn, args, kwargs)
         self._raise_pending()
         self.strategy._select((tuple(args), kwargs or {}), 0, "args")  # no foreign variables
         closure = _Closure(shipping.dumps(fn), tuple(args), dict(kwargs or {}),

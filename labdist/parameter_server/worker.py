@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import inspect
 import os
-import pickle
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from labdist.backend import NUMPY
 from labdist.collectives import LocalCommunicator
 from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.parameter_server import remote
+from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
@@ -164,7 +164,7 @@ class ParameterServerWorker:
                                     "(its dataset has no more elements)")
             return ("error", error, traceback.format_exc())
         except BaseException as e:  # the function's own error, reported to the driver
-            return ("error", _picklable(e), traceback.format_exc())
+            return ("error", picklable_error(e), traceback.format_exc())
 
     def _load(self, fn_bytes: bytes):
         if fn_bytes != self._fn[0]:
@@ -317,9 +317,3 @@ class WorkerContext(ReplicaContext):
         return f"WorkerContext(worker_index={self.worker_index}, num_replicas_in_sync=1)"
 
 
-def _picklable(error: BaseException) -> BaseException:
-    try:
-        pickle.dumps(error)
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")

@@ -87,12 +87,7 @@ class Strategy:
         self._check_open()
         if worker_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
-        if not callable(fn):
-            raise TypeError(f"fn={fn!r} is not callable")
-        if not isinstance(args, tuple | list):
-            raise TypeError(f"args={args!r} must be a tuple of positional arguments")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
+        shipping.check_call(fn, args, kwargs)
         n = self.num_replicas_in_sync
         args_r = [self._select(tuple(args), r, "args") for r in range(n)]
         kwargs_r = [self._select(kwargs or {}, r, "kwargs") for r in range(n)]

@@ -24,6 +24,7 @@ import numpy as np
 from labdist import nest
 from labdist.backend import Backend, get_backend
 from labdist.errors import PeerAbortedError
+from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 
 
@@ -176,14 +177,6 @@ class ReplicaCore:
         return nest.map_structure(move, tree)
 
 
-def _picklable(error: BaseException) -> BaseException:
-    try:
-        pickle.dumps(error)
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-
-
 class Replica:
     """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
 
@@ -256,7 +249,7 @@ class Replica:
                 _, value, error = request
                 future = self.core.resume(value, error)
         except Exception as e:  # e.g. arguments this worker cannot import: the driver's error
-            return StepEvent("error", 0, error=_picklable(e),
+            return StepEvent("error", 0, error=picklable_error(e),
                              remote_traceback=traceback.format_exc())
         event = future.result()
         while (error := _unsendable(event)) is not None:
@@ -360,5 +353,5 @@ def _unsendable(event: StepEvent) -> BaseException | None:
 
 def _finish(event: StepEvent) -> StepEvent:
     if event.error is not None:
-        event.error = _picklable(event.error)
+        event.error = picklable_error(event.error)
     return event
