@@ -46,8 +46,13 @@ def test_committed_clean():
 def test_runs_headless_without_stray_output(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(SUMMARY))  # what the run did, then close
-    NotebookClient(nb, km=_kernel(tmp_path), timeout=240,
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    km = _kernel(tmp_path)
+    try:
+        NotebookClient(nb, km=km, timeout=240,
+                       resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    finally:  # nbclient shuts down only kernels it made itself
+        if km.has_kernel:
+            km.shutdown_kernel()
     code = [c for c in nb.cells if c.cell_type == "code"]
     *lesson, summary = code
     outputs = [(i, o) for i, c in enumerate(lesson) for o in c.outputs]

@@ -40,9 +40,14 @@ def kernel_manager(tmp_path: Path, python: str = sys.executable) -> KernelManage
 def execute(path: Path, tmp_path: Path, python: str = sys.executable) -> nbformat.NotebookNode:
     """Run a notebook in its own folder; raises CellExecutionError naming the failing cell."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, km=kernel_manager(tmp_path, python), timeout=CELL_TIMEOUT_S,
+    km = kernel_manager(tmp_path, python)
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    try:
+        client.execute()
+    finally:  # nbclient shuts down only kernels it made itself: this one (and its cluster) too
+        if km.has_kernel:
+            km.shutdown_kernel()  # graceful: the kernel closes its LocalCluster on exit
     return nb
 
 
