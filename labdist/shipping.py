@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 import cloudpickle
+from distributed.protocol import to_serialize
 
 _TOKEN = "_labdist_driver_fn"
 _driver_functions: weakref.WeakValueDictionary[int, types.FunctionType] = (
@@ -63,3 +64,14 @@ def check_call(fn: Any, args: Any, kwargs: Any) -> None:
         raise TypeError(f"args={args!r} must be a tuple of positional arguments")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs={kwargs!r} must be a dict or None")
+
+
+_PLAIN = (int, float, str, bytes, bool, type(None))
+
+
+def wire(value: Any) -> Any:
+    """An actor call's argument as Dask sends it: msgpack carries plain values as they are;
+    anything else goes as a pickled frame."""
+    if type(value) in _PLAIN or (type(value) in (tuple, dict) and not value):
+        return value
+    return to_serialize(value)

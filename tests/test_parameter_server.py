@@ -336,7 +336,7 @@ def mlp_initial_kernel():
 
 
 # -- stragglers and the staleness bound --------------------------------------------------------
-def straggle(strategy) -> ld.parameter_server.ParameterServerStats:
+def straggle(strategy) -> ld.strategies.ParameterServerStats:
     with strategy.scope():
         v = ld.Variable(0.0, name="v")
     strategy.set_worker_delay(1, 0.4)

@@ -70,7 +70,7 @@ class StrategyPool:
 
             made = MirroredStrategy(num_replicas=self.num_replicas, cluster=client)
         else:
-            from labdist.parameter_server import ParameterServerStrategy
+            from labdist.strategies import ParameterServerStrategy
 
             made = ParameterServerStrategy(cluster=client, num_workers=self.num_replicas,
                                            num_ps=1, mode=key[0][3:], use_locking=key[1])

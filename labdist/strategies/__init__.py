@@ -1,14 +1,22 @@
 """The tf.distribute-shaped strategies."""
 
 from labdist.strategies.base import Strategy, StrategyExtended
+from labdist.strategies.coordinator import ClusterCoordinator, PerWorkerDataset, RemoteValue
 from labdist.strategies.mirrored import MirroredStrategy
 from labdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from labdist.strategies.one_device import OneDeviceStrategy
+from labdist.strategies.parameter_server import ParameterServerStrategy
+from labdist.strategies.ps_stats import ParameterServerStats
 
 __all__ = [
+    "ClusterCoordinator",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
+    "ParameterServerStats",
+    "ParameterServerStrategy",
+    "PerWorkerDataset",
+    "RemoteValue",
     "Strategy",
     "StrategyExtended",
 ]

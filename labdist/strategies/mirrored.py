@@ -43,7 +43,7 @@ class MirroredStrategy(Strategy):
                             ("connect_timeout", connect_timeout)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive number of seconds")
-        from labdist.cluster import DaskReplicaGroup
+        from labdist.cluster.replica_group import DaskReplicaGroup
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,

@@ -22,8 +22,8 @@ from typing import Any
 
 from labdist import nest, shipping
 from labdist.errors import ReplicaLostError
-from labdist.parameter_server import remote
-from labdist.parameter_server.worker import PerWorkerIterator
+from labdist.worker import actor_call as remote
+from labdist.worker.ps.worker import PerWorkerIterator
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
 

@@ -1,25 +1,21 @@
-"""The one driver-side module that knows Dask: start an embedded cluster or connect to one,
-place one Replica actor per worker, and call the replicas concurrently.
-"""
+"""The mirrored strategies' replica group: one Replica actor per worker, placed and called
+concurrently from the driver."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import selectors
 import uuid
 from typing import Any
 
-import dask
-from distributed import Client
 from distributed.comm.core import CommClosedError
-from distributed.protocol import to_serialize
 
 from labdist import shipping
 from labdist.backend import gpu_count
+from labdist.cluster.local import connect, start_local_cluster
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
-from labdist.errors import ClusterConnectionError, ReplicaLostError
+from labdist.errors import ReplicaLostError
 from labdist.worker.lane import LaneClient
 from labdist.worker.lane import dumps as lane_dumps
 from labdist.worker.replica import Replica, StepEvent
@@ -27,51 +23,6 @@ from labdist.worker.replica import Replica, StepEvent
 # A replica still running this long after a peer finished is told about it, so a replica
 # waiting for a collective its peer will never make fails now instead of at the timeout.
 NOTICE_AFTER_S = 0.2
-
-
-def start_local_cluster(n_workers: int):
-    """An embedded cluster: one single-threaded worker process per replica (one GPU each with
-    dask-cuda when GPUs are present)."""
-    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which makes numpy temporaries ~2x slower.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-        if gpu_count() > 0:
-            with contextlib.suppress(ImportError):
-                from dask_cuda import LocalCUDACluster
-
-                return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1,
-                                        silence_logs=logging.ERROR)
-        from distributed import LocalCluster
-
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
-
-
-def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client, bool]:
-    """A Client for `cluster` (address, Client or cluster object) and whether we own it."""
-    if isinstance(cluster, Client):
-        if cluster.status not in ("newly-created", "connecting", "running"):
-            raise ClusterConnectionError(
-                f"cluster={cluster!r} is a distributed.Client that is {cluster.status}; pass "
-                "an open Client, a scheduler address, a cluster object, or None"
-            )
-        return cluster, False
-    if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
-        where = cluster if isinstance(cluster, str) else cluster.scheduler_address
-        try:
-            client = Client(cluster, timeout=timeout, security=security,
-                            direct_to_workers=True, set_as_default=False)
-        except (OSError, TimeoutError, ValueError) as e:
-            raise ClusterConnectionError(
-                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s ({e}). "
-                "Check the address (tcp://host:8786), that `dask scheduler` is running there, "
-                "or leave cluster=None to start an embedded local cluster."
-            ) from None
-        return client, True
-    raise TypeError(
-        f"cluster={cluster!r} is not supported; allowed: None (embedded LocalCluster), a "
-        "scheduler address like 'tcp://127.0.0.1:8786', a distributed.Client, or a Dask "
-        "cluster object"
-    )
 
 
 class DaskReplicaGroup:
@@ -221,7 +172,7 @@ class DaskReplicaGroup:
         try:
             resp = await self.client.rpc(self.workers[rank]).actor_execute(
                 actor=self._keys[rank], function=method,
-                args=[_wire(a) for a in args], kwargs={})
+                args=[shipping.wire(a) for a in args], kwargs={})
         except TypeError as e:
             if "serialize" not in str(e):
                 raise
@@ -379,16 +330,6 @@ class DaskReplicaGroup:
             with contextlib.suppress(Exception):
                 self._owned_cluster.close()
             self._owned_cluster = None
-
-
-_PLAIN = (int, float, str, bytes, bool, type(None))
-
-
-def _wire(value: Any) -> Any:
-    """msgpack carries plain values as they are; anything else goes as a pickled frame."""
-    if type(value) in _PLAIN or (type(value) in (tuple, dict) and not value):
-        return value
-    return to_serialize(value)
 
 
 def _state(event: StepEvent) -> tuple[str, Any]:

@@ -15,11 +15,11 @@ import threading
 import uuid
 from typing import Any
 
-from labdist.cluster import connect, start_local_cluster
+from labdist.cluster.local import connect, start_local_cluster
 from labdist.errors import ParameterServerLostError
-from labdist.parameter_server import remote
-from labdist.parameter_server.store import ParameterStore
-from labdist.parameter_server.worker import ParameterServerWorker
+from labdist.worker import actor_call as remote
+from labdist.worker.ps.store import ParameterStore
+from labdist.worker.ps.worker import ParameterServerWorker
 
 POLL_S = 0.25  # how often a waiting call checks whether its parameter server is gone
 

@@ -12,13 +12,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from labdist.parameter_server.coordinator import ClusterCoordinator
-from labdist.parameter_server.group import ParameterServerGroup
-from labdist.parameter_server.stats import ParameterServerStats
-from labdist.parameter_server.worker import WorkerStrategy
+from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.strategies.base import Strategy
+from labdist.strategies.coordinator import ClusterCoordinator
+from labdist.strategies.ps_stats import ParameterServerStats
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
+from labdist.worker.ps.worker import WorkerStrategy
 
 MODES = ("async", "sync")
 
@@ -179,7 +179,7 @@ class ParameterServerStrategy(Strategy):
     def _train_model_steps(self, model, groups):
         """model.fit's hook: train on `groups` of global batches, yielding each group's
         (loss sum, correct, n) per step, in order (see fit.py)."""
-        from labdist.parameter_server.fit import train_model_steps
+        from labdist.strategies.ps_training import train_model_steps
 
         return train_model_steps(self, model, groups)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from labdist.parameter_server.chunked import ChunkedValue, make_kernel
-from labdist.parameter_server.ssp import StalenessBound
-from labdist.parameter_server.stats import StoreCounters
-from labdist.parameter_server.sync import (
+from labdist.worker.ps.chunked import ChunkedValue, make_kernel
+from labdist.worker.ps.counters import StoreCounters
+from labdist.worker.ps.ssp import StalenessBound
+from labdist.worker.ps.sync import (
     ACCEPTED,
     COMPLETE,
     DUPLICATE,

@@ -26,8 +26,8 @@ from labdist import nest
 from labdist.backend import NUMPY
 from labdist.collectives import LocalCommunicator
 from labdist.errors import OutOfRangeError, ParameterServerLostError
-from labdist.parameter_server import remote
 from labdist.shipping import picklable_error
+from labdist.worker import actor_call as remote
 from labdist.worker.context import ReplicaContext, enter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).

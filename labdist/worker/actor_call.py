@@ -1,5 +1,5 @@
-"""Calling a Dask actor method by (address, key): the one way the driver reaches parameter
-servers and workers, and workers reach parameter servers. Async, on the caller's event loop,
+"""Calling a Dask actor method by (address, key): how the driver reaches parameter servers and
+their workers, and how those workers reach the parameter servers. Async, on the caller's event loop,
 through a connection pool (`client.rpc` on the driver, `worker.rpc` on a worker)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from distributed.comm.core import CommClosedError
 
-from labdist.cluster import _wire
+from labdist.shipping import wire
 
 # what a call raises when the worker at the other end is gone (connection refused or reset)
 COMM_ERRORS = (OSError, CommClosedError)
@@ -17,7 +17,7 @@ COMM_ERRORS = (OSError, CommClosedError)
 async def call(rpc, address: str, key: str, method: str, *args: Any) -> Any:
     """`method(*args)` on the actor `key` living on the worker at `address`."""
     resp = await rpc(address).actor_execute(actor=key, function=method,
-                                            args=[_wire(a) for a in args], kwargs={})
+                                            args=[wire(a) for a in args], kwargs={})
     if resp["status"] == "OK":
         return resp["result"]
     raise resp["exception"]
