@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from labdist.worker import context as worker_context
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 _scopes = threading.local()
 _strategies: weakref.WeakValueDictionary[str, Strategy] = weakref.WeakValueDictionary()
 _default: list[Strategy] = []
+_default_factory: list[Callable[[], Strategy]] = []
 
 
 def register(strategy: Strategy) -> None:
@@ -56,11 +58,18 @@ def exit_scope(strategy: Strategy) -> None:
         stack.pop()
 
 
-def default_strategy() -> Strategy:
-    if not _default:
-        from labdist.strategies.one_device import DefaultStrategy
+def set_default_strategy(factory: Callable[[], Strategy]) -> None:
+    """Name what makes the default strategy (strategies/one_device.py does, on import), so
+    this module needs no import of the strategies that use it."""
+    _default_factory[:] = [factory]
 
-        _default.append(DefaultStrategy())
+
+def default_strategy() -> Strategy:
+    """The single-replica strategy variables use with no strategy in scope (made once)."""
+    if not _default:
+        if not _default_factory:
+            raise RuntimeError("no default strategy is registered: import labdist first")
+        _default.append(_default_factory[0]())
     return _default[0]
 
 
@@ -93,7 +102,7 @@ def get_replica_context() -> ReplicaContext | None:
     `strategy.scope()` on the driver); the default replica context with no strategy."""
     ctx = worker_context.current()
     if ctx is not None:
-        return ctx if ctx._mode == "replica" else None
+        return ctx if ctx.mode == "replica" else None
     if scoped_strategy() is not None:
         return None
     return default_strategy()._default_replica_context()

@@ -102,7 +102,7 @@ class Variable(NDArrayOperatorsMixin):
         """Replica context: a snapshot of the local copy. Cross-replica: the aggregated value."""
         ctx = self._context()
         if ctx is not None:
-            return ctx._replica.copy_of(self._id, self._name).copy()
+            return ctx.local_copy(self).copy()
         return self._cross_read()
 
     value = read_value
@@ -111,12 +111,12 @@ class Variable(NDArrayOperatorsMixin):
         """The value as a host numpy array (an explicit device-to-host copy)."""
         ctx = self._context()
         if ctx is not None:
-            return ctx._replica.backend.to_host(self.read_value())
+            return ctx.backend.to_host(self.read_value())
         return self._cross_read()
 
     def __array__(self, dtype=None, copy=None):
         ctx = self._context()
-        if ctx is not None and ctx._replica.backend.is_device:
+        if ctx is not None and ctx.backend.is_device:
             raise TypeError(
                 f"Variable {self._name!r} lives on a device replica: implicit conversion to a "
                 "host array is not allowed; use v.numpy() or to_host(v.read_value())"
@@ -145,12 +145,9 @@ class Variable(NDArrayOperatorsMixin):
 
     def _update(self, mode: str, value: Any, read_value: bool) -> Any:
         ctx = self._context()
-        if ctx is not None and hasattr(ctx, "_remote_update"):  # parameter servers hold it
-            return ctx._remote_update(self, mode, value, read_value)
-        if ctx is not None:
-            result = self._replica_update(ctx, mode, value)
-        else:
-            result = self._cross_update(mode, value)
+        if ctx is not None:  # in a step: the replica context knows where the copy lives
+            return ctx.apply_update(self, mode, value, read_value)
+        result = self._cross_update(mode, value)
         return result if read_value else None
 
     def _context(self):
@@ -163,21 +160,22 @@ class Variable(NDArrayOperatorsMixin):
         return None
 
     # -- replica context (runs on the replica's worker) --------------------------------------
-    def _replica_update(self, ctx, mode: str, value: Any) -> Any:
-        replica = ctx._replica
-        local = replica.copy_of(self._id, self._name)
-        arr, constant = self._prepare(value, replica.backend, mode, on_device=True)
-        sync, agg, world = self._effective_sync, self._agg, replica.world
-        if ctx._mode == "update" or sync is not Sync.ON_WRITE or agg is Agg.NONE:
+    def replica_update(self, ctx, mode: str, value: Any) -> Any:
+        """How `assign*` lands on one replica's copy (called by `ctx.apply_update`): ON_WRITE
+        with an aggregation all-reduces the update first; returns a snapshot of the copy."""
+        local = ctx.local_copy(self)
+        arr, constant = self._prepare(value, ctx.backend, mode, on_device=True)
+        sync, agg, world = self._effective_sync, self._agg, ctx.num_replicas_in_sync
+        if ctx.mode == "update" or sync is not Sync.ON_WRITE or agg is Agg.NONE:
             delta = arr  # local write: ON_READ and NONE aggregate at read time, or not at all
         elif constant:
             delta = self._reduce_constant(value, arr, world)
         else:
             what = f"Variable {self._name!r}.{mode} (aggregation {agg.name})"
-            delta = ctx._reduce_arrays(what, [arr], _AGG_OP[agg])[0]
+            delta = ctx.reduce_arrays(what, [arr], _AGG_OP[agg])[0]
         _apply(local, mode, delta)
-        if (sync is Sync.ON_WRITE and agg is Agg.NONE and ctx._mode == "replica" and world > 1
-                and self._id not in replica.diverged):
+        if (sync is Sync.ON_WRITE and agg is Agg.NONE and ctx.mode == "replica" and world > 1
+                and not ctx.is_diverged(self)):
             self._check_divergence(ctx, local, mode)
         return local.copy()
 
@@ -195,12 +193,12 @@ class Variable(NDArrayOperatorsMixin):
         )
 
     def _check_divergence(self, ctx, local: Any, mode: str) -> None:
-        host = np.ascontiguousarray(ctx._replica.backend.to_host(local))
+        host = np.ascontiguousarray(ctx.backend.to_host(local))
         digest = hashlib.blake2b(host.tobytes(), digest_size=16).digest()
-        digests = ctx._gather(f"divergence check of Variable {self._name!r}", digest)
+        digests = ctx.all_gather_object(f"divergence check of Variable {self._name!r}", digest)
         if len(set(digests)) > 1:
-            ctx._replica.diverged.add(self._id)
-            ctx._warn(
+            ctx.mark_diverged(self)
+            ctx.warn(
                 f"Variable {self._name!r} (ON_WRITE, aggregation NONE): {mode} gave each "
                 "replica its own value, so its copies now differ; cross-replica reads return "
                 "replica 0's copy. Use aggregation SUM or MEAN to keep the copies in sync.",

@@ -230,6 +230,9 @@ class ParameterServerGroup:
     def where(self, rank: int) -> str:
         return "a parameter-server worker"
 
+    def lost_replicas(self) -> list[int]:
+        return []  # the one "replica" is the PSs' copy: a lost PS raises instead
+
     def close(self) -> None:
         if self._closed:
             return

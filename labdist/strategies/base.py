@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy as np
 from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
 from labdist.errors import CollectiveMismatchError, PeerAbortedError, ReplicaLostError
-from labdist.input import DistributedDataset
+from labdist.input import DistributedDataset, split_sizes
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext
 from labdist.variables import Variable
@@ -242,16 +242,41 @@ class Strategy:
 
         return nest.map_structure(one, value)
 
+    # -- training (the seam with labdist.training) ------------------------------------------
+    def train_model_steps(self, step: Callable, groups: list[list[tuple]],
+                          first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
+        """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
+        (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
+        (loss sum, correct, samples). `model.fit` calls this; strategies differ in where the
+        step runs. Here: one `run` per group, every replica on its shard of each batch."""
+        n = self.num_replicas_in_sync
+        iteration = first_iteration
+        for group in groups:
+            shards: list[list[tuple]] = [[] for _ in range(n)]
+            for bx, by in group:
+                bounds = np.cumsum([0, *split_sizes(len(bx), n)])
+                for r in range(n):
+                    shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
+            out = self.run(step, args=(shards[0] if n == 1 else PerReplica(shards),
+                                       [len(bx) for bx, _ in group], iteration))
+            iteration += len(group)
+            yield self.experimental_local_results(out)[0]
+
     # -- variables (used by variables.py) -------------------------------------------------------
     def _create_variable(self, var_id: int, host: np.ndarray) -> None:
         self._check_open()
         self._group.create(var_id, host)
         self._variable_ids.append(var_id)
 
+    def refresh(self) -> bool:
+        """Re-form on the cluster's workers if they changed (MultiWorkerMirroredStrategy);
+        False: nothing to do. `fit` calls it before training."""
+        return False
+
     def _recover(self) -> bool:
         """After a lost worker: re-form the replicas on the workers present, each variable
         taking a surviving replica's copy. Returns False when nothing was lost."""
-        if not getattr(self._group, "lost_replicas", list)():
+        if not self._group.lost_replicas():
             return False
         self._reform(self.num_replicas_in_sync)
         return True

@@ -83,10 +83,12 @@ class ClusterCoordinator:
     """`ClusterCoordinator(strategy)`: one per strategy (a second call returns the first)."""
 
     def __new__(cls, strategy):
-        if not hasattr(strategy, "_ps_group"):
+        from labdist.strategies.parameter_server import ParameterServerStrategy
+
+        if not isinstance(strategy, ParameterServerStrategy):
             raise TypeError(f"strategy={strategy!r} is not a ParameterServerStrategy")
         strategy._check_open()
-        existing = getattr(strategy, "_cluster_coordinator", None)
+        existing = strategy._cluster_coordinator
         if existing is not None and not existing._closed:
             return existing
         self = super().__new__(cls)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist import context
 from labdist.backend import get_backend
 from labdist.collectives import LocalCommunicator
 from labdist.strategies.base import Strategy
@@ -41,6 +42,9 @@ class LocalReplicaGroup:
         error = errors[0] if errors else None
         return [self.core.resume(values[0], error).result()]
 
+    def lost_replicas(self) -> list[int]:
+        return []  # in this process: it cannot be lost while we run
+
     def update(self, fn, args_r, kwargs_r) -> list[Any]:
         return [self.core.update(fn, args_r[0], kwargs_r[0])]
 
@@ -69,3 +73,6 @@ class DefaultStrategy(OneDeviceStrategy):
 
     def close(self) -> None:  # the default strategy lives as long as the process
         pass
+
+
+context.set_default_strategy(DefaultStrategy)

@@ -16,6 +16,7 @@ from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.strategies.base import Strategy
 from labdist.strategies.coordinator import ClusterCoordinator
 from labdist.strategies.ps_stats import ParameterServerStats
+from labdist.strategies.ps_training import train_model_steps
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
 from labdist.worker.ps.worker import WorkerStrategy
@@ -100,7 +101,7 @@ class ParameterServerStrategy(Strategy):
         self.total_num_replicas = total
         self.staleness_bound = staleness_bound
         self._cluster_coordinator: ClusterCoordinator | None = None
-        self._bound_models: dict[int, tuple] = {}
+        self._bound_steps: set[tuple] = set()  # (optimizer, weights, slots) bound on the PSs
         super().__init__(group)
 
     @staticmethod
@@ -176,12 +177,12 @@ class ParameterServerStrategy(Strategy):
         kwargs = self._select(kwargs or {}, 0, "kwargs")
         return self._coordinator().schedule(fn, args, kwargs).fetch()
 
-    def _train_model_steps(self, model, groups):
-        """model.fit's hook: train on `groups` of global batches, yielding each group's
-        (loss sum, correct, n) per step, in order (see fit.py)."""
-        from labdist.strategies.ps_training import train_model_steps
-
-        return train_model_steps(self, model, groups)
+    def train_model_steps(self, step, groups, first_iteration: int):
+        """`model.fit` on parameter servers (see `Strategy.train_model_steps`). Async: each
+        group is one scheduled function that pulls, computes and pushes step after step;
+        sync: each global batch is split over `total_num_replicas` functions whose gradients
+        meet at the barrier (ps_training.py)."""
+        return train_model_steps(self, step, groups, first_iteration)
 
     # -- lab controls and figures -----------------------------------------------------------
     def stats(self) -> ParameterServerStats:
@@ -222,9 +223,16 @@ class ParameterServerStrategy(Strategy):
     def _global_step(self) -> int:
         return self._ps_group.store_call(0, "global_step")
 
-    def _colocate(self, var_id: int, with_id: int) -> None:
+    def _colocate(self, variable: Variable, with_variable: Variable) -> None:
         group = self._ps_group
-        group.move(var_id, group.placement[with_id])
+        group.move(variable._id, group.placement[with_variable._id])
+
+    def _bind_optimizer(self, weight: Variable, optimizer, slots: dict[str, Variable]) -> None:
+        """Tell `weight`'s parameter server to apply pushed gradients with `optimizer`, whose
+        state lives in `slots` (on the same PS)."""
+        group = self._ps_group
+        group.store_call(group.placement[weight._id], "bind", weight._id, optimizer,
+                         {name: s._id for name, s in slots.items()})
 
     def close(self) -> None:
         if not self._closed and self._cluster_coordinator is not None:

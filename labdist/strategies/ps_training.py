@@ -1,4 +1,4 @@
-"""`model.fit` under ParameterServerStrategy: what the model's training hook does.
+"""`model.fit` under ParameterServerStrategy: `train_model_steps` for parameter servers.
 
 Async: every group of `steps_per_execution` global batches is one scheduled function; the
 worker that takes it pulls the weights, computes the gradient of each batch's mean loss and
@@ -19,70 +19,66 @@ import numpy as np
 
 from labdist.backend import NUMPY
 from labdist.input import split_sizes
-from labdist.training.model import _DeviceRNG, _gradients
+from labdist.worker.context import current
 
 
-def train_model_steps(strategy, model, groups: Iterable[list]) -> Iterator[list[tuple]]:
-    _bind(strategy, model)
+def train_model_steps(strategy, step, groups: Iterable[list], first_iteration: int
+                      ) -> Iterator[list[tuple]]:
+    """See `ParameterServerStrategy.train_model_steps`."""
+    _bind(strategy, step)
     if strategy.mode == "async":
-        return _async(strategy, model, groups)
-    return _sync(strategy, model, groups)
+        return _async(strategy, step, groups, first_iteration)
+    return _sync(strategy, step, groups, first_iteration)
 
 
-def _bind(strategy, model) -> None:
+def _bind(strategy, step) -> None:
     """Put each optimizer slot next to its weight and tell that PS which optimizer updates
     the weight with which slots (again whenever the model is recompiled)."""
-    weights = [v for w in model._weights for v in w.values()]
-    slots = [d for layer in model._slots for d in layer.values()]
-    signature = (id(model._optimizer), tuple(v._id for v in weights),
+    weights, slots = step.variables(), step.slot_variables()
+    signature = (id(step.optimizer), tuple(v._id for v in weights),
                  tuple(s._id for d in slots for s in d.values()))
-    if strategy._bound_models.get(id(model)) == signature:
+    if signature in strategy._bound_steps:
         return
-    group = strategy._ps_group
     for v, d in zip(weights, slots, strict=True):
         for s in d.values():
-            strategy._colocate(s._id, v._id)
-        group.store_call(group.placement[v._id], "bind", v._id, model._optimizer,
-                         {name: s._id for name, s in d.items()})
-    strategy._bound_models[id(model)] = signature
+            strategy._colocate(s, v)
+        strategy._bind_optimizer(v, step.optimizer, d)
+    strategy._bound_steps.add(signature)
 
 
 def _window(strategy) -> int:
     return max(2, 2 * strategy.num_workers)
 
 
-def _async(strategy, model, groups) -> Iterator[list[tuple]]:
+def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     coordinator = strategy._coordinator()
     pending: deque = deque()
-    args = (model.layers, model._weights, model._loss, model.seed, bool(model._metrics))
     for group in groups:
-        step0 = model._iterations
-        model._iterations += len(group)
-        pending.append(coordinator.schedule(_async_steps, args=(*args, list(group), step0)))
+        pending.append(coordinator.schedule(_async_steps, args=(step, list(group), iteration)))
+        iteration += len(group)
         if len(pending) >= _window(strategy):
             yield pending.popleft().fetch()
     while pending:
         yield pending.popleft().fetch()
 
 
-def _sync(strategy, model, groups) -> Iterator[list[tuple]]:
+def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     coordinator = strategy._coordinator()
     total, needed = strategy.total_num_replicas, strategy.replicas_to_aggregate
-    step = strategy._global_step()
+    global_step = strategy._global_step()
     pending: deque = deque()
-    args = (model.layers, model._weights, model._loss, model.seed, bool(model._metrics))
     for group in groups:
-        steps = list(range(step, step + len(group)))
-        step += len(group)
-        iterations = list(range(model._iterations, model._iterations + len(group)))
-        model._iterations += len(group)
+        steps = list(range(global_step, global_step + len(group)))
+        global_step += len(group)
+        iterations = list(range(iteration, iteration + len(group)))
+        iteration += len(group)
         shards: list[list] = [[] for _ in range(total)]
         for bx, by in group:
             bounds = np.cumsum([0, *split_sizes(len(bx), total)])
             for i in range(total):
                 shards[i].append((bx[bounds[i]:bounds[i + 1]], by[bounds[i]:bounds[i + 1]]))
         pending.append([coordinator.schedule(_sync_steps, args=(
-            *args, shards[i], steps, iterations, i)) for i in range(total)])
+            step, shards[i], steps, iterations, i)) for i in range(total)])
         if len(pending) >= _window(strategy):
             yield _settle(pending.popleft(), needed)
     while pending:
@@ -114,42 +110,30 @@ def _settle(values: list, needed: int) -> list[tuple]:
 
 
 # -- what runs on the workers ----------------------------------------------------------------
-def _names(weights):
-    return [(i, k, v) for i, w in enumerate(weights) for k, v in w.items()]
-
-
-def _step(ctx, layers, weights, loss, x, y, seed, rank, iteration, metric, step=None,
-          key=None):
+def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     """Pull, compute the gradient of this batch's mean loss, push; (status, loss sum,
     correct, n)."""
-    names = _names(weights)
-    values = ctx._pull([v._id for _, _, v in names], step=step)
-    params = [{k: values[v._id] for k, v in w.items()} for w in weights]
-    rng = _DeviceRNG(NUMPY, (seed, rank, iteration + 1))
+    names = [(i, k, v) for i, w in enumerate(step.weights) for k, v in w.items()]
+    values = ctx.pull([v._id for _, _, v in names], step=global_step)
+    params = [{k: values[v._id] for k, v in w.items()} for w in step.weights]
     local = len(x)
-    grads, stats = _gradients(np, layers, params, loss, x, y, rng, local, max(local, 1))
+    grads, stats = step.gradients(np, NUMPY, params, x, y, rank, iteration + 1, max(local, 1))
     items = [(v._id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
-    statuses, _ = ctx._push(items, step=step, key=key, barrier=step is None)
+    statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]
-    return status, float(stats[0]), float(stats[1]) if metric else 0.0, local
+    return status, float(stats[0]), float(stats[1]) if step.metric else 0.0, local
 
 
-def _async_steps(layers, weights, loss, seed, metric, batches, step0):
-    from labdist.worker.context import current
-
+def _async_steps(step, batches, first_iteration):
     ctx = current()
     out = []
     for j, (x, y) in enumerate(batches):
-        _, loss_sum, correct, n = _step(ctx, layers, weights, loss, x, y, seed, 0, step0 + j,
-                                        metric)
+        _, loss_sum, correct, n = _step(ctx, step, x, y, 0, first_iteration + j)
         out.append((loss_sum, correct, n))
     return out
 
 
-def _sync_steps(layers, weights, loss, seed, metric, shards, steps, iterations, shard):
-    from labdist.worker.context import current
-
+def _sync_steps(step, shards, global_steps, iterations, shard):
     ctx = current()
-    return [_step(ctx, layers, weights, loss, x, y, seed, shard, it, metric, step=s,
-                  key=("fit", shard))
-            for (x, y), s, it in zip(shards, steps, iterations, strict=True)]
+    return [_step(ctx, step, x, y, shard, it, global_step=s, key=("fit", shard))
+            for (x, y), s, it in zip(shards, global_steps, iterations, strict=True)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from labdist.training.checkpoint import Checkpoint, _atomic_write
+from labdist.training.checkpoint import Checkpoint, atomic_write
 
 
 class Callback:
@@ -26,6 +26,10 @@ class Callback:
     def on_train_end(self, logs=None) -> None:
         pass
 
+    def resume_epoch(self) -> int | None:
+        """The epoch `fit` should start at (after `on_train_begin`), or None for no say."""
+        return None
+
 
 class BackupAndRestore(Callback):
     """Saves a checkpoint after every epoch in `backup_dir`; at the start of `fit`, if a
@@ -34,18 +38,22 @@ class BackupAndRestore(Callback):
 
     def __init__(self, backup_dir: str):
         self.backup_dir = Path(backup_dir)
+        self._resume: int | None = None
 
     def on_train_begin(self, logs=None) -> None:
         model = self.model
         model._strategy._recover()  # a no-op unless a replica was lost
         if (self.backup_dir / "checkpoint").exists():
             Checkpoint(model=model).restore(self.backup_dir)
-            model._resume_epoch = int((self.backup_dir / "epoch").read_text()) + 1
+            self._resume = int((self.backup_dir / "epoch").read_text()) + 1
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
         Checkpoint(model=self.model).save(self.backup_dir)
-        _atomic_write(self.backup_dir / "epoch", lambda f: f.write(str(epoch).encode()))
+        atomic_write(self.backup_dir / "epoch", lambda f: f.write(str(epoch).encode()))
 
     def on_train_end(self, logs=None) -> None:
         shutil.rmtree(self.backup_dir, ignore_errors=True)
-        self.model._resume_epoch = 0
+        self._resume = None
+
+    def resume_epoch(self) -> int | None:
+        return self._resume

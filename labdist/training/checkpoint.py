@@ -17,15 +17,17 @@ class Checkpoint:
     """`Checkpoint(model=model).save(directory)` / `.restore(directory)`."""
 
     def __init__(self, model, optimizer=None):
-        if not hasattr(model, "_weights"):
-            raise TypeError(f"model={model!r} is not a labdist model")
-        if optimizer is not None and optimizer is not getattr(model, "_optimizer", None):
+        from labdist.training.model import Sequential
+
+        if not isinstance(model, Sequential):
+            raise TypeError(f"model={model!r} is not a labdist model (ld.models.Sequential)")
+        if optimizer is not None and optimizer is not model._optimizer:
             raise ValueError("optimizer= must be the optimizer the model was compiled with")
         self.model = model
 
     def _arrays(self) -> dict[str, np.ndarray]:
         m = self.model
-        if not m.built or not getattr(m, "_compiled", False):
+        if not m.built or not m._compiled:
             raise RuntimeError("checkpoints need a built, compiled model (give the first layer "
                                "input_shape=, and call compile)")
         m._ensure_slots()
@@ -43,8 +45,8 @@ class Checkpoint:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         name = f"ckpt-{self.model._iterations}.npz"
-        _atomic_write(directory / name, lambda f: np.savez(f, **self._arrays()))
-        _atomic_write(directory / INDEX, lambda f: f.write(name.encode()))
+        atomic_write(directory / name, lambda f: np.savez(f, **self._arrays()))
+        atomic_write(directory / INDEX, lambda f: f.write(name.encode()))
         return str(directory / name)
 
     def restore(self, path: str | os.PathLike) -> None:
@@ -81,7 +83,9 @@ class Checkpoint:
         m._iterations = int(stored["meta/iterations"])
 
 
-def _atomic_write(target: Path, write) -> None:
+def atomic_write(target: Path, write) -> None:
+    """Write `target` through a temp file and a rename: a crash leaves the old file or the
+    new one, never half of one."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -17,6 +17,7 @@ from labdist.input import Batches, split_sizes
 from labdist.training import layers as layers_mod
 from labdist.training import losses, optimizers
 from labdist.training.progress import ProgressBar, check_verbose
+from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -49,6 +50,10 @@ class Sequential:
         self._weights: list[dict[str, Variable]] = []
         self._slots: list[dict[str, dict[str, Variable]]] = []
         self._compiled = False
+        self._loss = None
+        self._optimizer = None
+        self._metrics: list[str] = []
+        self._steps_per_execution = 1
         self._iterations = 0
         first = self.layers[0] if self.layers else None
         if getattr(first, "input_shape", None):
@@ -112,24 +117,25 @@ class Sequential:
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
         history = History()
-        refresh = getattr(self._strategy, "refresh", None)
-        if refresh is not None:  # multi-worker: train on the workers present now
-            refresh()
+        self._strategy.refresh()  # multi-worker: train on the workers present now
         for cb in callbacks:
             _call(cb, "set_model", self)
             _call(cb, "on_train_begin")
         self._ensure_ready(x)
-        for epoch in range(max(initial_epoch, getattr(self, "_resume_epoch", 0)), epochs):
+        resume = [_call(cb, "resume_epoch") for cb in callbacks]  # e.g. BackupAndRestore
+        start = max([initial_epoch, *(e for e in resume if e is not None)])
+        for epoch in range(start, epochs):
             loss_sum = correct = seen = 0.0
             groups = _chunks(list(batches), self._steps_per_execution)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
             done = 0
-            delegate = getattr(self._strategy, "_train_model_steps", None)  # parameter servers
-            outputs = delegate(self, groups) if delegate else map(self._train_steps, groups)
+            outputs = self._strategy.train_model_steps(self._train_step(), groups,
+                                                       self._iterations)
             for group, group_outputs in zip(groups, outputs, strict=True):
                 for out_loss, out_correct, n in group_outputs:
                     loss_sum, correct, seen = loss_sum + out_loss, correct + out_correct, seen + n
                 done += len(group)
+                self._iterations += len(group)
                 bar.update(done, self._running_logs(loss_sum, correct, seen))
             logs = {"loss": loss_sum / seen}
             if self._metrics:
@@ -152,21 +158,10 @@ class Sequential:
             logs["accuracy"] = correct / seen
         return logs
 
-    def _train_steps(self, group: list[tuple[np.ndarray, np.ndarray]]):
-        """One strategy.run for a group of global batches; returns (loss sum, correct, n)."""
-        n = self._strategy.num_replicas_in_sync
-        shards, totals = [[] for _ in range(n)], []
-        for bx, by in group:
-            bounds = np.cumsum([0, *split_sizes(len(bx), n)])
-            for r in range(n):
-                shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
-            totals.append(len(bx))
-        step0 = self._iterations
-        self._iterations += len(group)
-        out = self._strategy.run(_train_loop, args=(
-            self.layers, self._weights, self._slots, self._loss, self._optimizer,
-            _per_replica(shards), totals, step0, self.seed, bool(self._metrics)))
-        return self._strategy.experimental_local_results(out)[0]
+    def _train_step(self) -> TrainStep:
+        """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
+        return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
+                         self.seed, bool(self._metrics))
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
@@ -207,9 +202,9 @@ class Sequential:
         bounds = np.cumsum([0, *split_sizes(len(bx), n)])
         xs = [bx[bounds[r]:bounds[r + 1]] for r in range(n)]
         ys = None if by is None else [by[bounds[r]:bounds[r + 1]] for r in range(n)]
-        out = self._strategy.run(_forward_step, args=(
+        out = self._strategy.run(forward_step, args=(
             self.layers, self._weights, _per_replica(xs),
-            None if ys is None else _per_replica(ys), getattr(self, "_loss", None)))
+            None if ys is None else _per_replica(ys), self._loss))
         return list(self._strategy.experimental_local_results(out))
 
     # -- weights ------------------------------------------------------------------------------
@@ -245,101 +240,6 @@ class Sequential:
         print("\n".join(lines))
 
 
-# -- what runs on the replicas ---------------------------------------------------------------
-def _train_loop(layers, weights, slots, loss, optimizer, shards, totals, step0, seed, metric):
-    from labdist.worker.context import current
-
-    ctx = current()
-    replica, xp = ctx._replica, ctx.xp
-    params = [{k: replica.copy_of(v._id, v.name) for k, v in w.items()} for w in weights]
-    states = [{k: {s: replica.copy_of(v._id, v.name) for s, v in d.items()}
-               for k, d in layer_slots.items()} for layer_slots in slots]
-    names = [(i, k) for i, w in enumerate(params) for k in w]
-    flat_params = [params[i][k].reshape(-1) for i, k in names]
-    flat_slots = [{s: a.reshape(-1) for s, a in states[i][k].items()} for i, k in names]
-    stats = xp.zeros(2, dtype=xp.float64)
-    out, sharded = [], False
-    for step, ((x, y), total) in enumerate(zip(shards, totals, strict=True), start=step0 + 1):
-        rng = _DeviceRNG(replica.backend, (seed, replica.rank, step))
-        grads, local_stats = _gradients(xp, layers, params, loss, x, y, rng, len(x), total)
-
-        def update(j, lo, hi, summed, step=step):
-            if j == len(names):  # the (loss sum, correct) pair rides along
-                stats[lo:hi] = summed
-                return
-            optimizer.apply(xp, flat_params[j][lo:hi], summed,
-                            {s: a[lo:hi] for s, a in flat_slots[j].items()}, step)
-        sharded |= ctx._reduce_apply("the training step's gradients",
-                                     [grads[i][k] for i, k in names] + [local_stats],
-                                     [*flat_params, stats], update)
-        loss_sum, correct = (float(v) for v in stats[:2])
-        out.append((loss_sum, correct if metric else 0.0, total))
-    slots = [a for d in flat_slots for a in d.values()]
-    if sharded and slots:  # each rank updated its own segment of the slots: make them whole
-        ctx._gather_segments("the optimizer's slots", slots)
-    return out
-
-
-def _gradients(xp, layers, params, loss, x, y, rng, local, total):
-    """Gradients of (sum of this shard's losses) / global batch size, and (loss sum, correct)."""
-    if local == 0:  # an empty shard still joins the all-reduce, with zeros
-        grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
-        return grads, xp.zeros(2, dtype=xp.float64)
-    caches, h = [], x
-    for layer, p in zip(layers, params, strict=True):
-        h, cache = layer.forward(xp, p, h, training=True, rng=rng)
-        caches.append(cache)
-    value, dh = loss(xp, y, h)
-    last = layers[-1]
-    fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
-             and getattr(last, "activation", None) is not None
-             and last.activation.name == "softmax")
-    grads: list[dict] = [None] * len(layers)
-    start = len(layers) - 1
-    scale = local / total
-    if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
-        dz = losses.fused_softmax_grad(xp, y, h) * scale
-        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0)
-        start -= 1
-    else:
-        dh = dh * scale
-    for i in range(start, -1, -1):
-        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
-    correct = (h.argmax(axis=1) == y.reshape(-1)).sum() if h.ndim == 2 and h.shape[1] > 1 else 0
-    stats = xp.zeros(2, dtype=xp.float64)
-    stats[0] = float(value) * local
-    stats[1] = float(correct)
-    return grads, stats
-
-
-def _forward_step(layers, weights, x, y, loss):
-    from labdist.worker.context import current
-
-    replica = current()._replica
-    xp = replica.backend.xp
-    h = x
-    for layer, w in zip(layers, weights, strict=True):
-        h, _ = layer.forward(xp, {k: replica.copy_of(v._id, v.name) for k, v in w.items()}, h)
-    if y is None:
-        return h
-    if len(x) == 0:
-        return 0.0, 0.0
-    value, _ = loss(xp, y, h)
-    correct = float((h.argmax(axis=1) == y.reshape(-1)).sum()) if h.shape[1] > 1 else 0.0
-    return float(value) * len(x), correct
-
-
-class _DeviceRNG:
-    """Dropout masks drawn on the host from a per-(seed, replica, step) stream."""
-
-    def __init__(self, backend, key):
-        self._backend = backend
-        self._rng = np.random.default_rng(key)
-
-    def random(self, shape):
-        return self._backend.to_device(self._rng.random(shape, dtype=np.float32))
-
-
 # -- helpers ----------------------------------------------------------------------------------
 def _arrays(x, y) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x, dtype=np.float32), np.asarray(y)
@@ -363,7 +263,7 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _call(callback, hook: str, *args) -> None:
+def _call(callback, hook: str, *args) -> Any:
+    """Keras callbacks implement the hooks they need: a missing one is skipped."""
     method = getattr(callback, hook, None)
-    if method is not None:
-        method(*args)
+    return method(*args) if method is not None else None

@@ -77,7 +77,7 @@ class ReplicaContext:
         arrays = [self._as_array(v) for v in leaves]
         what = f"all_reduce({op.name}) of {nest.describe(treedef)}"
         reduced = all_reduce(
-            self._replica.comm, self._next_seq(), what, arrays, op.name.lower(), backend
+            self._replica.comm, self.next_seq(), what, arrays, op.name.lower(), backend
         )
         return nest.unflatten(treedef, reduced)
 
@@ -85,7 +85,7 @@ class ReplicaContext:
         """Run `merge_fn(strategy, *args)` once, on the driver, with every replica's args
         gathered into PerReplica values; each replica gets the result (its own component of a
         PerReplica result)."""
-        seq = self._next_seq()
+        seq = self.next_seq()
         if self._merge_handler is not None:
             return self._merge_handler(merge_fn, args, kwargs or {})
         return self._replica.merge(seq, merge_fn, args, kwargs or {})
@@ -96,8 +96,39 @@ class ReplicaContext:
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
         )
 
-    # -- for variables.py --------------------------------------------------------------------
-    def _next_seq(self) -> int:
+    # -- the replica-step API (variables.py, training's steps) ----------------------------
+    @property
+    def backend(self):
+        """This replica's array backend (numpy host replica, cupy device replica, ...)."""
+        return self._replica.backend
+
+    @property
+    def mode(self) -> str:
+        """"replica" inside strategy.run, "update" inside extended.update."""
+        return self._mode
+
+    def local_copy(self, variable) -> Any:
+        """This replica's copy of `variable` itself (not a snapshot): in-place writes to it
+        change the replica's value, which is how optimizer steps update weights."""
+        return self._replica.copy_of(variable._id, variable.name)
+
+    def apply_update(self, variable, mode: str, value: Any, read_value: bool) -> Any:
+        """`variable.assign*` inside a step: written into this replica's copy by the
+        variable's synchronization and aggregation. Parameter-server workers override this
+        to push to the variable's parameter server instead."""
+        result = variable.replica_update(self, mode, value)
+        return result if read_value else None
+
+    def is_diverged(self, variable) -> bool:
+        """Whether `variable`'s copies were found to differ (ON_WRITE + aggregation NONE)."""
+        return variable._id in self._replica.diverged
+
+    def mark_diverged(self, variable) -> None:
+        self._replica.diverged.add(variable._id)
+
+    def next_seq(self) -> int:
+        """The number of this replica's next collective in the step (the same on every
+        replica that takes the same path)."""
         self._seq += 1
         return self._seq
 
@@ -112,21 +143,25 @@ class ReplicaContext:
             )
         return backend.to_device(v)
 
-    def _reduce_arrays(self, what: str, arrays: list[Any], op: str) -> list[Any]:
+    def reduce_arrays(self, what: str, arrays: list[Any], op: str) -> list[Any]:
+        """All-reduce arrays of this replica's backend (variables' ON_WRITE updates)."""
         return all_reduce(
-            self._replica.comm, self._next_seq(), what, arrays, op, self._replica.backend
+            self._replica.comm, self.next_seq(), what, arrays, op, self._replica.backend
         )
 
-    def _reduce_apply(self, what: str, arrays: list[Any], targets: list[Any], apply) -> bool:
+    def reduce_apply(self, what: str, arrays: list[Any], targets: list[Any], apply) -> bool:
         """Summed gradients applied segment by segment (collectives.reduce_scatter_apply)."""
-        return reduce_scatter_apply(self._replica.comm, self._next_seq(), what, arrays, targets,
+        return reduce_scatter_apply(self._replica.comm, self.next_seq(), what, arrays, targets,
                                     apply, self._replica.backend)
 
-    def _gather_segments(self, what: str, arrays: list[Any]) -> None:
-        gather_segments(self._replica.comm, self._next_seq(), what, arrays)
+    def gather_segments(self, what: str, arrays: list[Any]) -> None:
+        """Make arrays that each rank updated only in its own segment whole again."""
+        gather_segments(self._replica.comm, self.next_seq(), what, arrays)
 
-    def _gather(self, what: str, obj: Any) -> list[Any]:
-        return all_gather(self._replica.comm, self._next_seq(), what, obj)
+    def all_gather_object(self, what: str, obj: Any) -> list[Any]:
+        """Every replica's small host object, in rank order."""
+        return all_gather(self._replica.comm, self.next_seq(), what, obj)
 
-    def _warn(self, message: str, category: type) -> None:
+    def warn(self, message: str, category: type) -> None:
+        """A warning raised on the driver when the step returns (once per message)."""
         self.warnings.append((message, category))

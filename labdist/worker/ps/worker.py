@@ -152,7 +152,7 @@ class ParameterServerWorker:
             args, kwargs = self._resolve(args), self._resolve(kwargs)
             with enter(ctx):
                 result = fn(*args, **kwargs)
-            ctx._flush()
+            ctx.flush()
             cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
             return ("ok", result)
         except Retry:
@@ -223,7 +223,7 @@ class _ReplicaView:
         self.diverged: set[int] = set()
 
     def copy_of(self, var_id: int, name: str = "variable") -> np.ndarray:
-        return self._ctx._pull([var_id], name=name)[var_id]
+        return self._ctx.pull([var_id], name=name)[var_id]
 
 
 class WorkerContext(ReplicaContext):
@@ -255,7 +255,7 @@ class WorkerContext(ReplicaContext):
             by_shard.setdefault(shard, []).append(v)
         return by_shard
 
-    def _pull(self, var_ids, step: int | None = None, name: str | None = None
+    def pull(self, var_ids, step: int | None = None, name: str | None = None
               ) -> dict[int, np.ndarray]:
         """Read variables from their parameter servers (one call per PS, concurrently); with
         `step` (sync), wait until the global step reaches it."""
@@ -271,7 +271,7 @@ class WorkerContext(ReplicaContext):
             self._steps[shard] = at
         return values
 
-    def _push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
+    def push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
               want: bool = False, barrier: bool = True) -> tuple[set[str], dict[int, np.ndarray]]:
         """Send (var_id, kind, array, aggregation) items to their parameter servers; returns
         the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values.
@@ -298,20 +298,23 @@ class WorkerContext(ReplicaContext):
                 "into a new strategy")
         return statuses, values
 
-    def _remote_update(self, var, mode: str, value: Any, read_value: bool) -> Any:
-        """The hook variables.py calls for assign / assign_add / assign_sub in here."""
+    def apply_update(self, var, mode: str, value: Any, read_value: bool) -> Any:
+        """`assign*` in a scheduled function: pushed to the variable's parameter server
+        (async: applied on arrival; sync: sent with the function's other writes when it
+        returns, one contribution per function)."""
         arr, _ = var._prepare(value, NUMPY, mode, on_device=True)
         item = (var._id, mode, np.array(arr, copy=True), var.aggregation.name)
         if self._executor.sync:
             self._pending.append(item)  # pushed with the function's other writes at its end
             return None
-        _, values = self._push([item], want=read_value)
+        _, values = self.push([item], want=read_value)
         return values.get(var._id) if read_value else None
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Push the writes a sync-mode function buffered (called when it returns)."""
         if self._pending:
             items, self._pending = self._pending, []
-            self._push(items)
+            self.push(items)
 
     def __repr__(self) -> str:
         return f"WorkerContext(worker_index={self.worker_index}, num_replicas_in_sync=1)"

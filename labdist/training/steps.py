@@ -1,0 +1,147 @@
+"""What a training step computes, as the strategies run it.
+
+`TrainStep` is the model's half of the strategy <-> training seam: the model builds one and
+hands it to `strategy.train_model_steps`; the strategy decides where it runs (every mirrored
+replica at once, or parameter-server workers one function at a time) and only calls the
+public methods below, so the strategies never import the training layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from labdist.training import losses
+
+
+class DeviceRNG:
+    """Dropout masks drawn on the host from a per-(seed, replica, step) stream, so every run
+    and every replica count draws the same masks."""
+
+    def __init__(self, backend, key: tuple):
+        self._backend = backend
+        self._rng = np.random.default_rng(key)
+
+    def random(self, shape):
+        return self._backend.to_device(self._rng.random(shape, dtype=np.float32))
+
+
+class TrainStep:
+    """A model's training step: its layers, weight and optimizer-slot variables, loss and
+    optimizer. Picklable (variables travel as handles), so strategies ship it to workers.
+
+    Calling it runs the mirrored loop on one replica; `gradients` is what a parameter-server
+    worker computes between its pull and its push.
+    """
+
+    def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
+                 seed: int, metric: bool):
+        self.layers = layers
+        self.weights = weights  # per layer: {name: Variable}
+        self.slots = slots  # per layer: {name: {slot: Variable}} (each replica keeps its own)
+        self.loss = loss
+        self.optimizer = optimizer
+        self.seed = seed
+        self.metric = metric
+
+    def variables(self) -> list:
+        """The weight variables, in layer order."""
+        return [v for w in self.weights for v in w.values()]
+
+    def slot_variables(self) -> list[dict]:
+        """Per weight (same order as `variables()`): {slot name: Variable}."""
+        return [d for layer in self.slots for d in layer.values()]
+
+    def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
+                  total: int) -> tuple[list[dict], Any]:
+        """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
+        array}), and (loss sum, correct); `iteration` counts from 1 and seeds dropout."""
+        rng = DeviceRNG(backend, (self.seed, rank, iteration))
+        return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total)
+
+    def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
+        """On one mirrored replica: train on this replica's shard of each global batch
+        (sizes `totals`), numbering steps from `first_iteration` + 1; returns (loss sum,
+        correct, n) per step, identical on every replica."""
+        from labdist.worker.context import current
+
+        ctx = current()
+        xp = ctx.xp
+        names = [(i, k) for i, w in enumerate(self.weights) for k in w]
+        params = [{k: ctx.local_copy(v) for k, v in w.items()} for w in self.weights]
+        flat_params = [params[i][k].reshape(-1) for i, k in names]
+        flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
+                      for i, k in names]
+        stats = xp.zeros(2, dtype=xp.float64)
+        out, sharded = [], False
+        batches = zip(shards, totals, strict=True)
+        for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
+            grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
+                                                ctx.replica_id_in_sync_group, step, total)
+
+            def update(j, lo, hi, summed, step=step):
+                if j == len(names):  # the (loss sum, correct) pair rides along
+                    stats[lo:hi] = summed
+                    return
+                self.optimizer.apply(xp, flat_params[j][lo:hi], summed,
+                                     {s: a[lo:hi] for s, a in flat_slots[j].items()}, step)
+            sharded |= ctx.reduce_apply("the training step's gradients",
+                                        [grads[i][k] for i, k in names] + [local_stats],
+                                        [*flat_params, stats], update)
+            loss_sum, correct = (float(v) for v in stats[:2])
+            out.append((loss_sum, correct if self.metric else 0.0, total))
+        slots = [a for d in flat_slots for a in d.values()]
+        if sharded and slots:  # each rank updated its own segment of the slots: make them whole
+            ctx.gather_segments("the optimizer's slots", slots)
+        return out
+
+
+def gradients(xp, layers, params, loss, x, y, rng, local, total):
+    """Gradients of (sum of this shard's losses) / global batch size, and (loss sum, correct)."""
+    if local == 0:  # an empty shard still joins the all-reduce, with zeros
+        grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
+        return grads, xp.zeros(2, dtype=xp.float64)
+    caches, h = [], x
+    for layer, p in zip(layers, params, strict=True):
+        h, cache = layer.forward(xp, p, h, training=True, rng=rng)
+        caches.append(cache)
+    value, dh = loss(xp, y, h)
+    last = layers[-1]
+    fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
+             and getattr(last, "activation", None) is not None
+             and last.activation.name == "softmax")
+    grads: list[dict] = [None] * len(layers)
+    start = len(layers) - 1
+    scale = local / total
+    if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
+        dz = losses.fused_softmax_grad(xp, y, h) * scale
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0)
+        start -= 1
+    else:
+        dh = dh * scale
+    for i in range(start, -1, -1):
+        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+    correct = (h.argmax(axis=1) == y.reshape(-1)).sum() if h.ndim == 2 and h.shape[1] > 1 else 0
+    stats = xp.zeros(2, dtype=xp.float64)
+    stats[0] = float(value) * local
+    stats[1] = float(correct)
+    return grads, stats
+
+
+def forward_step(layers, weights, x, y, loss):
+    """On a replica: the model's output on `x`, or with `y` its (loss sum, correct)."""
+    from labdist.worker.context import current
+
+    ctx = current()
+    xp = ctx.xp
+    h = x
+    for layer, w in zip(layers, weights, strict=True):
+        h, _ = layer.forward(xp, {k: ctx.local_copy(v) for k, v in w.items()}, h)
+    if y is None:
+        return h
+    if len(x) == 0:
+        return 0.0, 0.0
+    value, _ = loss(xp, y, h)
+    correct = float((h.argmax(axis=1) == y.reshape(-1)).sum()) if h.shape[1] > 1 else 0.0
+    return float(value) * len(x), correct
