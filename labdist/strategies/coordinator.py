@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labdist import nest, shipping
+from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.errors import ReplicaLostError
 from labdist.worker import actor_call as remote
 from labdist.worker.ps.worker import PerWorkerIterator
@@ -83,9 +84,9 @@ class ClusterCoordinator:
     """`ClusterCoordinator(strategy)`: one per strategy (a second call returns the first)."""
 
     def __new__(cls, strategy):
-        from labdist.strategies.parameter_server import ParameterServerStrategy
-
-        if not isinstance(strategy, ParameterServerStrategy):
+        # Only a ParameterServerStrategy has a PS group; that module imports this one, so
+        # the check is on the group it owns rather than an import of its class.
+        if not isinstance(getattr(strategy, "_ps_group", None), ParameterServerGroup):
             raise TypeError(f"strategy={strategy!r} is not a ParameterServerStrategy")
         strategy._check_open()
         existing = strategy._cluster_coordinator

@@ -1,0 +1,205 @@
+"""The package's layering, read from its own imports (docs/architecture.md draws it).
+
+Every import in labdist (module level or inside a function; not under TYPE_CHECKING) must go
+down the layers or stay in its layer, no module may import a private name from another
+package, worker-side code must import nothing driver-side, and no import circle may form.
+A failure names the offending import, file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "labdist"
+
+# Top to bottom; a module may import its own layer or any layer below it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("app", ("labdist.cli", "labdist.__main__", "labdist.demo")),
+    ("ui", ("labdist.ui",)),
+    ("lab", ("labdist.lab",)),
+    ("training", ("labdist.training",)),
+    ("strategies", ("labdist.strategies", "labdist.variables", "labdist.context")),
+    ("cluster", ("labdist.cluster",)),
+    ("worker", ("labdist.worker",)),
+    ("collectives", ("labdist.collectives",)),
+    ("base", ("labdist.aggregation", "labdist.backend", "labdist.datasets", "labdist.enums",
+              "labdist.errors", "labdist.input", "labdist.nest", "labdist.shipping",
+              "labdist.strict_device", "labdist.values")),
+]
+# What runs inside worker processes (actors, collectives): never the driver's code.
+WORKER_SIDE = ("worker", "collectives", "base")
+# The one sanctioned upward import: `Lab.show()` opens the UI lazily, so a headless lab
+# (CI, scripts) never needs ipywidgets.
+ALLOWED_UPWARD = {("labdist.lab.lab", "labdist.ui.panel")}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module
+    target: str  # imported module
+    names: tuple[str, ...]  # names taken from it (from-imports)
+    where: str  # file:line
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(root: Path) -> list[Import]:
+    """Every labdist-internal import under `root` (a package directory named labdist)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        source = module_name(path, root)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = _type_checking_lines(tree)
+        package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in skip:
+                continue
+            where = f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == root.name:
+                        found.append(Import(source, alias.name, (), where))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolve against the importing package
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != root.name:
+                    continue
+                names = tuple(a.name for a in node.names)
+                modules = [f"{target}.{n}" for n in names
+                           if (root.parent / Path(*f"{target}.{n}".split("."))).exists()
+                           or (root.parent / Path(*f"{target}.{n}".split("."))).with_suffix(
+                               ".py").exists()]
+                found.append(Import(source, target, names, where))
+                found += [Import(source, m, (), where) for m in modules]
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2])  # labdist.worker.ps.store -> labdist.worker
+
+
+def violations(root: Path = ROOT) -> dict[str, list[str]]:
+    """What breaks the contract, by rule (empty lists: it holds)."""
+    found = imports_of(root)
+    out: dict[str, list[str]] = {"unlayered": [], "upward": [], "worker_side": [],
+                                 "private": [], "cycles": []}
+    for imp in found:
+        if imp.source == root.name:  # the package root re-exports the public API
+            continue
+        src, dst = layer_of(imp.source), layer_of(imp.target)
+        if dst is None and imp.target != root.name:
+            out["unlayered"].append(f"{imp.where}: {imp.target} is in no layer")
+        if src is None:
+            out["unlayered"].append(f"{imp.where}: {imp.source} is in no layer")
+            continue
+        if dst is not None and dst < src and (imp.source, imp.target) not in ALLOWED_UPWARD:
+            out["upward"].append(f"{imp.where}: {imp.source} ({LAYERS[src][0]}) imports "
+                                 f"{imp.target} ({LAYERS[dst][0]})")
+        if (LAYERS[src][0] in WORKER_SIDE and dst is not None
+                and LAYERS[dst][0] not in WORKER_SIDE):
+            out["worker_side"].append(f"{imp.where}: worker-side {imp.source} imports "
+                                      f"driver-side {imp.target}")
+        private = [n for n in imp.names if n.startswith("_") and not n.startswith("__")]
+        if private and package_of(imp.source) != package_of(imp.target):
+            out["private"].append(f"{imp.where}: {imp.source} imports {', '.join(private)} "
+                                  f"from {imp.target}")
+    out["cycles"] = [" -> ".join(c) for c in _cycles(found, root.name)]
+    return out
+
+
+def _cycles(found: list[Import], root: str) -> list[list[str]]:
+    graph: dict[str, set[str]] = {}
+    for imp in found:
+        if imp.source != root and imp.target != root and imp.source != imp.target:
+            graph.setdefault(imp.source, set()).add(imp.target)
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if nxt.startswith(node + "."):  # a package importing its own submodule
+                continue
+            if state.get(nxt) == "open":
+                cycles.append([*path[path.index(nxt):], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+@pytest.mark.parametrize("rule", ["unlayered", "upward", "worker_side", "private", "cycles"])
+def test_the_package_keeps_its_layering(rule):
+    broken = violations()[rule]
+    assert not broken, f"{rule}:\n" + "\n".join(broken)
+
+
+def test_every_module_is_in_a_layer():
+    modules = {module_name(p, ROOT) for p in ROOT.rglob("*.py")} - {"labdist"}
+    assert [m for m in sorted(modules) if layer_of(m) is None] == []
+
+
+def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "labdist"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in {p.parent for p in root.rglob("*.py")}:
+        (folder / "__init__.py").touch()
+    return root
+
+
+def test_the_checker_names_each_kind_of_offence(tmp_path):
+    """The contract really fails: a fake package with one offence of each kind."""
+    root = _fake_package(tmp_path, {
+        "worker/replica.py": "from labdist.strategies.base import Strategy\n",
+        "strategies/base.py": "from labdist.worker.replica import _secret\n"
+                              "import labdist.variables\n",
+        "variables.py": "def f():\n    from labdist.strategies import base\n",
+        "collectives/algorithms.py": "from typing import TYPE_CHECKING\n"
+                                     "if TYPE_CHECKING:\n"
+                                     "    from labdist.training.model import Sequential\n",
+        "elsewhere.py": "import labdist.enums\n",
+    })
+    found = violations(root)
+    assert any("worker/replica.py:1" in v and "labdist.strategies.base" in v
+               for v in found["upward"])
+    assert any("worker-side labdist.worker.replica" in v for v in found["worker_side"])
+    assert any("_secret" in v and "strategies/base.py:1" in v for v in found["private"])
+    assert any("labdist.strategies.base" in c and "labdist.variables" in c
+               for c in found["cycles"])
+    assert any("labdist.elsewhere is in no layer" in v for v in found["unlayered"])
+    assert not any("training" in v for vs in found.values() for v in vs)  # TYPE_CHECKING only
