@@ -10,6 +10,7 @@ from typing import Any
 
 
 def _is_namedtuple(x: Any) -> bool:
+    # a namedtuple, as collections defines one (its public marker is this attribute)
     return isinstance(x, tuple) and hasattr(x, "_fields")
 
 

@@ -273,7 +273,7 @@ class Strategy:
         False: nothing to do. `fit` calls it before training."""
         return False
 
-    def _recover(self) -> bool:
+    def recover(self) -> bool:
         """After a lost worker: re-form the replicas on the workers present, each variable
         taking a surviving replica's copy. Returns False when nothing was lost."""
         if not self._group.lost_replicas():

@@ -42,7 +42,7 @@ class BackupAndRestore(Callback):
 
     def on_train_begin(self, logs=None) -> None:
         model = self.model
-        model._strategy._recover()  # a no-op unless a replica was lost
+        model._strategy.recover()  # a no-op unless a replica was lost
         if (self.backup_dir / "checkpoint").exists():
             Checkpoint(model=model).restore(self.backup_dir)
             self._resume = int((self.backup_dir / "epoch").read_text()) + 1
