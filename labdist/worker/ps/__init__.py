@@ -1,0 +1,3 @@
+"""The worker side of parameter servers: the `ParameterStore` actor (variables in chunks with
+version stamps, SyncReplicas' barrier, the staleness bound, counters) and the
+`ParameterServerWorker` actor that runs scheduled functions (pull, compute, push)."""
