@@ -1,1 +1,2 @@
-"""What runs on workers: the Replica actor and the replica context step functions see."""
+"""What runs on workers: the Replica actor, the replica context step functions see, the lane
+server, and (ps/) the parameter-server actors. Imports nothing driver-side (tests/test_layering)."""
