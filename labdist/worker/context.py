@@ -27,6 +27,7 @@ def current() -> ReplicaContext | None:
 class _Entered:
     def __init__(self, ctx: ReplicaContext | None):
         self.ctx = ctx
+        self.prev: ReplicaContext | None = None
 
     def __enter__(self):
         self.prev = current()
