@@ -1,6 +1,5 @@
 """The lab, headless: a run in the background steered by plain calls, and what a switch does to
-the replicas' copies (DESIGN.md "The lab"). Real worker processes; the parameter-server kinds
-run on the same cluster."""
+the replicas' copies. Real worker processes; the parameter-server kinds run on the same cluster."""
 
 from __future__ import annotations
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
-from labdist.lab.history import History
+from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
-from labdist.lab.runner import Batches, Runner
+from labdist.lab.runner import Runner
 
 
 class Lab:
@@ -68,8 +69,8 @@ class Lab:
         self._lock = threading.Lock()
         self.panel = None
         self._pool = StrategyPool(strategy, num_replicas)
-        self.history = History(track, index)
-        self._runner = Runner(self._pool, model, spec, Batches(x, y, global_batch_size, seed),
+        self.history = RunHistory(track, index)
+        self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
         try:
             self._runner.call(lambda: self._runner.start(first)).result()

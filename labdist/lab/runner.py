@@ -25,31 +25,12 @@ import numpy as np
 
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.lab.backends import StepRecord
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
-from labdist.lab.history import Event, History
+from labdist.lab.history import Event, RunHistory
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
-
-
-class Batches:
-    """Endless global batches of (x, y): a fresh seeded shuffle each epoch, full batches only."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
-        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
-        self.reset()
-
-    def reset(self) -> None:
-        self._rng = np.random.default_rng(self.seed)
-        self._order: np.ndarray = np.empty(0, int)
-        self._at = 0
-
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._at + self.batch_size > len(self._order):
-            self._order, self._at = self._rng.permutation(len(self.x)), 0
-        idx = self._order[self._at:self._at + self.batch_size]
-        self._at += self.batch_size
-        return self.x[idx], self.y[idx]
 
 
 def unify(copies: list[np.ndarray], policy: str) -> np.ndarray:
@@ -65,8 +46,8 @@ def needs_equal_copies(config: RunConfig) -> bool:
 class Runner:
     """Drives one run on a background thread; see the module docstring."""
 
-    def __init__(self, pool, model, spec, batches: Batches, config: RunConfig,
-                 history: History):
+    def __init__(self, pool, model, spec, batches: BatchStream, config: RunConfig,
+                 history: RunHistory):
         self.pool, self.model, self.spec = pool, model, spec
         self.batches = batches
         self.config = config
