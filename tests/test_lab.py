@@ -315,13 +315,50 @@ def test_no_update_is_lost_or_applied_twice_across_switches(strategy):
 def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
     seen = []
     with ld.Lab(strategy, data=skewed, kind="ps_async", delays=[0.0, 0.03]) as lab:
-        lab._runner.listen(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
         lab.step(30)
         stats = seen[-1]
         assert stats["updates"] == 30 * 2 * 2  # a push per variable (w, b), worker and round
         assert sum(stats["staleness"].values()) == 120
         assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
         assert stats["torn_reads"] >= 0
+
+
+def test_subscribe_delivers_the_run_until_unsubscribed(strategy):
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0) as lab:
+        seen: list[dict] = []
+        stop = lab.subscribe(seen.append)
+        lab.step(3)
+        lab.set(aggregation="SUM")
+        lab.step(1)
+        assert [i["step"] for i in seen if i["type"] == "step"] == [1, 2, 3, 3, 4]  # 3: switch
+        (event,) = [i for i in seen if i["type"] == "event"]
+        assert event["text"] == "aggregation MEAN → SUM" and event["step"] == 3
+        row = next(i for i in seen if i["type"] == "step")
+        assert row["loss"] == lab.history.loss[0] and row["tracked"] == [[1.0, 1.0]]
+        stop()
+        lab.step(2)
+        assert seen[-1]["step"] == 4 and lab.step_count == 6  # nothing after unsubscribing
+        other: list[dict] = []
+        lab.subscribe(other.append)
+        lab.unsubscribe(other.append)
+        lab.step(1)
+        assert other == []
+        with pytest.raises(TypeError, match=r"callback=3 is not callable"):
+            lab.subscribe(3)
+
+
+def test_pending_config_and_spec_are_public(strategy):
+    with ld.Lab(strategy, delays=[0.0, 0.2]) as lab:
+        assert lab.spec.names == ["w", "b"] and lab.spec.index("b") == 1
+        assert lab.spec.unflatten(lab.spec.flatten({"w": 2.0, "b": 3.0})) == {"w": 2.0, "b": 3.0}
+        lab.run()  # every step waits 0.2 s for replica 1: a change stays queued a while
+        time.sleep(0.3)
+        lab.set(learning_rate=0.2)
+        assert lab.pending_config().learning_rate == 0.2
+        assert lab.config.learning_rate == 0.05  # not applied before the step boundary
+        lab.pause()
+        assert lab.config == lab.pending_config()
 
 
 def test_a_failing_parameter_server_step_stops_the_run_and_reset_recovers(strategy):

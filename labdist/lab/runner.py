@@ -115,14 +115,28 @@ class Runner:
             self._cv.notify_all()
         self._thread.join(timeout)
 
-    def listen(self, callback: Callable[[dict], None]) -> None:
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
         """`callback(item)` on the runner thread for each record / event / reset; it must
         only enqueue (the UI's publisher does the work)."""
-        self._listeners.append(callback)
+        with self._cv:
+            self._listeners = [*self._listeners, callback]
 
-    def unlisten(self, callback: Callable[[dict], None]) -> None:
-        if callback in self._listeners:
-            self._listeners.remove(callback)
+    def unsubscribe(self, callback: Callable[[dict], None]) -> None:
+        with self._cv:
+            if callback in self._listeners:  # ==: a bound method is made anew on each access
+                listeners = list(self._listeners)
+                listeners.remove(callback)
+                self._listeners = listeners
+
+    @property
+    def open_ended(self) -> bool:
+        """Whether the run trains until paused (run() without steps)."""
+        return self._budget < 0
+
+    @property
+    def closing(self) -> bool:
+        """Whether close() was called (the thread may still be finishing)."""
+        return self._closing
 
     def pending_config(self) -> RunConfig:
         """The config once everything queued is applied (what new changes build on)."""
@@ -138,7 +152,7 @@ class Runner:
                 or bool(self._calls)) and self.state != "closed"
 
     def _emit(self, item: dict) -> None:
-        for callback in list(self._listeners):
+        for callback in self._listeners:  # a list replaced, never changed, on (un)subscribe
             callback(item)
 
     def _loop(self) -> None:

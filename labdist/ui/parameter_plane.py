@@ -35,6 +35,13 @@ class ParameterPlane(StreamChart):
     def bounds(self) -> tuple[float, float, float, float] | None:
         return tuple(self._contours["bounds"]) if self._contours else None
 
+    def recent(self, count: int) -> list[list[list[float]]]:
+        """Each replica's last `count` points ([a, b] pairs), oldest first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count={count!r} must be an integer >= 0")
+        with self._delta_lock:
+            return [path[-count:] if count else [] for path in self._paths]
+
     def append(self, points: Sequence[np.ndarray]) -> None:
         """`points`: for each new step, a (replicas, 2) array of where each replica is."""
         if not len(points):
