@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.lab import LabModel
+from labdist.lab import LabModel, RunHistory
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
+from labdist.lab.models import ParamSpec
+from labdist.lab.runner import Runner
 
 
 class Counting(LabModel):
@@ -359,6 +362,47 @@ def test_pending_config_and_spec_are_public(strategy):
         assert lab.config.learning_rate == 0.05  # not applied before the step boundary
         lab.pause()
         assert lab.config == lab.pending_config()
+
+
+class _FailedInFlight:
+    """A backend whose step in flight failed: the next boundary's drain raises it (once)."""
+
+    def __init__(self):
+        self.failed = True
+
+    def use(self, config, copies):
+        pass
+
+    def drain(self):
+        if self.failed:
+            self.failed = False
+            raise FloatingPointError("a step in flight failed")
+        return []
+
+
+class _OneBackend:
+    num_replicas = 1
+
+    def __init__(self, backend):
+        self.only = backend
+
+    def backend(self, key, model, spec):
+        return self.only
+
+
+def test_a_failure_found_at_a_boundary_still_answers_the_calls_waiting_there():
+    """The error stops the run; a call queued for that boundary (e.g. a reset) still runs,
+    instead of leaving its caller waiting forever."""
+    model = Counting()
+    runner = Runner(_OneBackend(_FailedInFlight()), model, ParamSpec(model.init_params()),
+                    BatchStream(*DATA, 8, seed=0), RunConfig(), RunHistory(["theta"], [0]))
+    try:
+        runner.call(lambda: runner.start(RunConfig())).result(timeout=10)
+        assert runner.call(lambda: "answered").result(timeout=10) == "answered"
+        assert runner.state == "failed" and isinstance(runner.error, FloatingPointError)
+    finally:
+        runner.close()
+    assert runner.state == "closed"
 
 
 def test_a_failing_parameter_server_step_stops_the_run_and_reset_recovers(strategy):

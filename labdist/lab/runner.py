@@ -166,25 +166,31 @@ class Runner:
                 changes, self._changes = self._changes, []
                 calls, self._calls = self._calls, []
                 closing = self._closing
-            try:
-                if changes or calls or closing:
-                    self._records(self.backend.drain() if self.backend else [])
-                if changes:
-                    self._apply(changes)
-                for fn, future in calls:
-                    try:
-                        future.set_result(fn())
-                    except BaseException as e:
-                        future.set_exception(e)
-                if closing:
-                    self._finish_close()
-                    return
-                if self._budget and not self._pace():
-                    self._step()
-            except BaseException as error:  # the run stops; the lab stays usable
-                with self._cv:
-                    self.error, self._budget, self.state = error, 0, "failed"
-                self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
+            if changes or calls or closing:  # a boundary: nothing in flight past here
+                self._safely(lambda: self._records(self.backend.drain() if self.backend
+                                                   else []))
+            if changes:
+                self._safely(self._apply, changes)
+            for fn, future in calls:  # run even after a failure above: a caller waits on each
+                try:
+                    future.set_result(fn())
+                except BaseException as e:
+                    future.set_exception(e)
+            if closing:
+                self._finish_close()
+                return
+            if self._budget and not self._pace():
+                self._safely(self._step)
+
+    def _safely(self, fn: Callable, *args: Any) -> None:
+        """What raises stops the run (state "failed", the error kept and sent); the lab and
+        the loop stay usable."""
+        try:
+            fn(*args)
+        except BaseException as error:
+            with self._cv:
+                self.error, self._budget, self.state = error, 0, "failed"
+            self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
 
     def _pace(self) -> bool:
         """With a pace, wait for the next step's time (a change or command wakes us); True
