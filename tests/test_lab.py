@@ -118,6 +118,43 @@ def test_bad_lab_arguments_are_refused_before_a_cluster_starts():
         ld.Lab(learning_rate=-1)
 
 
+# -- models (no cluster) -------------------------------------------------------------------------
+def test_linear_gives_the_mean_squared_errors_gradients_in_float64():
+    rng = np.random.default_rng(3)
+    for n_features, x in ((1, rng.normal(size=17)), (3, rng.normal(size=(17, 3)))):
+        y = rng.normal(size=17)
+        model = ld.lab.Linear(n_features, init=(0.3, -0.2))
+        params = model.init_params()
+        loss, grads = model.loss_and_grads(np, params, x, y)
+        err = x.reshape(17, n_features) @ params["w"].reshape(n_features) + params["b"] - y
+        assert loss == pytest.approx((err * err).mean(), rel=1e-14)
+        np.testing.assert_allclose(grads["w"], (2 * x.reshape(17, n_features).T @ err / 17)
+                                   .reshape(params["w"].shape), rtol=1e-13)
+        np.testing.assert_allclose(grads["b"], 2 * err.mean(), rtol=1e-13)
+        assert {k: (g.shape, g.dtype) for k, g in grads.items()} == {
+            k: (v.shape, np.float64) for k, v in params.items()}  # w, b scalars for 1 feature
+        empty_loss, zero = model.loss_and_grads(np, params, x[:0], y[:0])
+        assert float(empty_loss) == 0.0 and all(not g.any() for g in zero.values())
+
+
+def test_softmax_regression_gives_the_cross_entropys_gradients_in_float64():
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(20, 4)), rng.integers(0, 3, 20)
+    model = ld.lab.SoftmaxRegression(4, 3)
+    params = model.init_params()
+    loss, grads = model.loss_and_grads(np, params, x, y)
+    z = x @ params["W"] + params["b"]
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert loss == pytest.approx(-np.log(p[np.arange(20), y]).mean(), rel=1e-13)
+    p[np.arange(20), y] -= 1
+    np.testing.assert_allclose(grads["W"], x.T @ p / 20, rtol=1e-12, atol=1e-17)
+    np.testing.assert_allclose(grads["b"], p.sum(axis=0) / 20, rtol=1e-12, atol=1e-17)
+    assert grads["W"].dtype == np.float64
+    empty_loss, zero = model.loss_and_grads(np, params, x[:0], y[:0])
+    assert float(empty_loss) == 0.0 and all(not g.any() for g in zero.values())
+
+
 # -- running ----------------------------------------------------------------------------------
 def test_run_returns_at_once_and_the_kernel_stays_free(strategy):
     with ld.Lab(strategy, model=Slow(), data=DATA, learning_rate=1.0) as lab:
