@@ -18,9 +18,6 @@ MAX_POINTS = 3000  # per replica, thinned by half beyond (as the front end does)
 
 class ParameterPlane(StreamChart):
     _esm = esm("parameter_plane")
-    title = traitlets.Unicode("").tag(sync=True)
-    x_label = traitlets.Unicode("").tag(sync=True)
-    y_label = traitlets.Unicode("").tag(sync=True)
     series = traitlets.List(traitlets.Unicode()).tag(sync=True)
     colors = traitlets.List(traitlets.Unicode(), PALETTE).tag(sync=True)
     height = traitlets.Int(300).tag(sync=True)
