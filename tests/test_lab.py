@@ -1,6 +1,5 @@
 """The lab, headless: a run in the background steered by plain calls, and what a switch does to
-the replicas' copies (DESIGN.md "The lab"). Real worker processes; the parameter-server kinds
-run on the same cluster."""
+the replicas' copies. Real worker processes; the parameter-server kinds run on the same cluster."""
 
 from __future__ import annotations
 
@@ -12,8 +11,11 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.lab import LabModel
+from labdist.lab import LabModel, RunHistory
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
+from labdist.lab.models import ParamSpec
+from labdist.lab.runner import Runner
 
 
 class Counting(LabModel):
@@ -114,6 +116,43 @@ def test_bad_lab_arguments_are_refused_before_a_cluster_starts():
         ld.Lab(global_batch_size=1)
     with pytest.raises(ValueError, match=r"learning_rate=-1"):
         ld.Lab(learning_rate=-1)
+
+
+# -- models (no cluster) -------------------------------------------------------------------------
+def test_linear_gives_the_mean_squared_errors_gradients_in_float64():
+    rng = np.random.default_rng(3)
+    for n_features, x in ((1, rng.normal(size=17)), (3, rng.normal(size=(17, 3)))):
+        y = rng.normal(size=17)
+        model = ld.lab.Linear(n_features, init=(0.3, -0.2))
+        params = model.init_params()
+        loss, grads = model.loss_and_grads(np, params, x, y)
+        err = x.reshape(17, n_features) @ params["w"].reshape(n_features) + params["b"] - y
+        assert loss == pytest.approx((err * err).mean(), rel=1e-14)
+        np.testing.assert_allclose(grads["w"], (2 * x.reshape(17, n_features).T @ err / 17)
+                                   .reshape(params["w"].shape), rtol=1e-13)
+        np.testing.assert_allclose(grads["b"], 2 * err.mean(), rtol=1e-13)
+        assert {k: (g.shape, g.dtype) for k, g in grads.items()} == {
+            k: (v.shape, np.float64) for k, v in params.items()}  # w, b scalars for 1 feature
+        empty_loss, zero = model.loss_and_grads(np, params, x[:0], y[:0])
+        assert float(empty_loss) == 0.0 and all(not g.any() for g in zero.values())
+
+
+def test_softmax_regression_gives_the_cross_entropys_gradients_in_float64():
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(20, 4)), rng.integers(0, 3, 20)
+    model = ld.lab.SoftmaxRegression(4, 3)
+    params = model.init_params()
+    loss, grads = model.loss_and_grads(np, params, x, y)
+    z = x @ params["W"] + params["b"]
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    assert loss == pytest.approx(-np.log(p[np.arange(20), y]).mean(), rel=1e-13)
+    p[np.arange(20), y] -= 1
+    np.testing.assert_allclose(grads["W"], x.T @ p / 20, rtol=1e-12, atol=1e-17)
+    np.testing.assert_allclose(grads["b"], p.sum(axis=0) / 20, rtol=1e-12, atol=1e-17)
+    assert grads["W"].dtype == np.float64
+    empty_loss, zero = model.loss_and_grads(np, params, x[:0], y[:0])
+    assert float(empty_loss) == 0.0 and all(not g.any() for g in zero.values())
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -316,13 +355,91 @@ def test_no_update_is_lost_or_applied_twice_across_switches(strategy):
 def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
     seen = []
     with ld.Lab(strategy, data=skewed, kind="ps_async", delays=[0.0, 0.03]) as lab:
-        lab._runner.listen(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
         lab.step(30)
         stats = seen[-1]
         assert stats["updates"] == 30 * 2 * 2  # a push per variable (w, b), worker and round
         assert sum(stats["staleness"].values()) == 120
         assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
         assert stats["torn_reads"] >= 0
+
+
+def test_subscribe_delivers_the_run_until_unsubscribed(strategy):
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0) as lab:
+        seen: list[dict] = []
+        stop = lab.subscribe(seen.append)
+        lab.step(3)
+        lab.set(aggregation="SUM")
+        lab.step(1)
+        assert [i["step"] for i in seen if i["type"] == "step"] == [1, 2, 3, 3, 4]  # 3: switch
+        (event,) = [i for i in seen if i["type"] == "event"]
+        assert event["text"] == "aggregation MEAN → SUM" and event["step"] == 3
+        row = next(i for i in seen if i["type"] == "step")
+        assert row["loss"] == lab.history.loss[0] and row["tracked"] == [[1.0, 1.0]]
+        stop()
+        lab.step(2)
+        assert seen[-1]["step"] == 4 and lab.step_count == 6  # nothing after unsubscribing
+        other: list[dict] = []
+        lab.subscribe(other.append)
+        lab.unsubscribe(other.append)
+        lab.step(1)
+        assert other == []
+        with pytest.raises(TypeError, match=r"callback=3 is not callable"):
+            lab.subscribe(3)
+
+
+def test_pending_config_and_spec_are_public(strategy):
+    with ld.Lab(strategy, delays=[0.0, 0.2]) as lab:
+        assert lab.spec.names == ["w", "b"] and lab.spec.index("b") == 1
+        assert lab.spec.unflatten(lab.spec.flatten({"w": 2.0, "b": 3.0})) == {"w": 2.0, "b": 3.0}
+        lab.run()  # every step waits 0.2 s for replica 1: a change stays queued a while
+        time.sleep(0.3)
+        lab.set(learning_rate=0.2)
+        assert lab.pending_config().learning_rate == 0.2
+        assert lab.config.learning_rate == 0.05  # not applied before the step boundary
+        lab.pause()
+        assert lab.config == lab.pending_config()
+
+
+class _FailedInFlight:
+    """A backend whose step in flight failed: the next boundary's drain raises it (once)."""
+
+    def __init__(self):
+        self.failed = True
+
+    def use(self, config, copies):
+        pass
+
+    def drain(self):
+        if self.failed:
+            self.failed = False
+            raise FloatingPointError("a step in flight failed")
+        return []
+
+
+class _OneBackend:
+    num_replicas = 1
+
+    def __init__(self, backend):
+        self.only = backend
+
+    def backend(self, key, model, spec):
+        return self.only
+
+
+def test_a_failure_found_at_a_boundary_still_answers_the_calls_waiting_there():
+    """The error stops the run; a call queued for that boundary (e.g. a reset) still runs,
+    instead of leaving its caller waiting forever."""
+    model = Counting()
+    runner = Runner(_OneBackend(_FailedInFlight()), model, ParamSpec(model.init_params()),
+                    BatchStream(*DATA, 8, seed=0), RunConfig(), RunHistory(["theta"], [0]))
+    try:
+        runner.call(lambda: runner.start(RunConfig())).result(timeout=10)
+        assert runner.call(lambda: "answered").result(timeout=10) == "answered"
+        assert runner.state == "failed" and isinstance(runner.error, FloatingPointError)
+    finally:
+        runner.close()
+    assert runner.state == "closed"
 
 
 def test_a_failing_parameter_server_step_stops_the_run_and_reset_recovers(strategy):

@@ -5,6 +5,8 @@ the widgets' ES modules shipped in the wheel. The browser side is tests/browser/
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,9 +20,11 @@ import pytest
 import labdist as ld
 from labdist.ui import LabPanel
 from labdist.ui.publisher import RATE_HZ
-from labdist.ui.stream import esm
+from labdist.ui.stream import assemble, esm
 
 ROOT = Path(__file__).resolve().parent.parent
+WIDGETS = ("line_chart", "histogram", "parameter_plane")
+TOP_LEVEL = re.compile(r"^(?:function|const|let|class) (\w+)", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -187,11 +191,55 @@ def test_the_surface_follows_the_skew(strategy):
 
 
 def test_widget_modules_are_found_and_ship_in_the_wheel(tmp_path):
-    for name in ("line_chart", "histogram", "parameter_plane"):
-        assert esm(name).read_text().lstrip().startswith("//")
+    for name in WIDGETS:
+        assert esm(name).lstrip().startswith("//")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                     str(tmp_path), str(ROOT)], check=True, timeout=240)
     (wheel,) = tmp_path.glob("labdist-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"labdist/widgets/line_chart.js", "labdist/widgets/histogram.js",
-            "labdist/widgets/parameter_plane.js", "labdist/ui/line_chart.py"} <= names
+            "labdist/widgets/parameter_plane.js", "labdist/widgets/_shared.js",
+            "labdist/ui/line_chart.py"} <= names
+    installed = tmp_path / "installed"  # what esm() assembles inside an installed wheel
+    zipfile.ZipFile(wheel).extractall(installed, [n for n in names if "/widgets/" in n])
+    for name in WIDGETS:
+        assert assemble(installed / "labdist" / "widgets", name) == esm(name)
+
+
+
+
+def test_each_widget_module_is_the_shared_helpers_and_its_own_code_once():
+    shared = (ROOT / "widgets" / "_shared.js").read_text()
+    exported = set(re.findall(r"^export function (\w+)", shared, re.MULTILINE))
+    assert {"niceStep", "ticks", "fmt", "fitCanvas", "axisTitles", "legend",
+            "mountChart"} <= exported
+    for name in WIDGETS:
+        own = (ROOT / "widgets" / f"{name}.js").read_text()
+        (imported,) = re.findall(r'^import \{([^}]*)\} from "\./_shared\.js";$', own,
+                                 re.MULTILINE)
+        assert {n.strip() for n in imported.split(",")} <= exported  # no dangling import
+        text = esm(name)
+        assert text.count("export default") == 1 and "export function" not in text
+        assert not re.search(r"^import ", text, re.MULTILINE)
+        names = TOP_LEVEL.findall(text)
+        assert len(names) == len(set(names)), names  # no helper defined twice
+        assert set(names) >= exported
+        body = own.split('from "./_shared.js";\n', 1)[1]
+        assert text.endswith(body)  # the widget's own module, whole, after the helpers
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_each_assembled_widget_module_parses_as_an_es_module(tmp_path):
+    for name in WIDGETS:
+        path = tmp_path / f"{name}.mjs"
+        path.write_text(esm(name))
+        done = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+
+
+def test_esm_refuses_names_that_are_not_charts():
+    with pytest.raises(ValueError, match=r"name='_shared' must name a chart's module"):
+        esm("_shared")
+    with pytest.raises(FileNotFoundError, match=r"nope\.js is missing"):
+        esm("nope")

@@ -1,32 +1,9 @@
 // labdist LineChart: series over training steps on a canvas, with event markers.
 // The kernel sends only deltas ("append", "event", "reset"); a view that (re)connects says
 // "hello" and gets one "snapshot". Redraws happen on animation frames, at most one per frame.
+import { axisTitles, fitCanvas, fmt, legend, mountChart, ticks } from "./_shared.js";
 
 const MAX_POINTS = 4000; // per series, kept by halving the resolution of older points
-
-function niceStep(span, count) {
-  const raw = span / Math.max(count, 1);
-  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const norm = raw / mag;
-  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
-}
-
-function ticks(lo, hi, count) {
-  if (!(hi > lo)) return [lo];
-  const step = niceStep(hi - lo, count);
-  const out = [];
-  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
-    out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
-  }
-  return out;
-}
-
-function fmt(v) {
-  const a = Math.abs(v);
-  if (a === 0) return "0";
-  if (a >= 1e4 || a < 1e-3) return v.toExponential(1);
-  return String(Number(v.toPrecision(3)));
-}
 
 function decimate(s) {
   if (s.x.length <= MAX_POINTS) return;
@@ -54,24 +31,13 @@ function apply(s, msg) {
     s.y = [];
     s.events = [];
   }
-  s.updates += 1;
 }
 
 function draw(el, canvas, model, s) {
-  const t0 = performance.now();
-  const dpr = window.devicePixelRatio || 1;
-  const width = Math.max(canvas.clientWidth, 50);
-  const height = model.get("height");
-  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  const pad = { l: 58, r: 12, t: 16, b: 34 };
-  const w = width - pad.l - pad.r;
-  const h = height - pad.t - pad.b;
+  s.frameTimes.push(performance.now());
+  if (s.frameTimes.length > 240) s.frameTimes.shift();
+  const area = fitCanvas(canvas, model.get("height"), { l: 58, r: 12, t: 16, b: 34 });
+  const { ctx, pad, w, h } = area;
   const logY = model.get("log_y");
   const ty = (v) => (logY ? Math.log10(v) : v);
   let x0 = s.x.length ? s.x[0] : 0;
@@ -115,14 +81,7 @@ function draw(el, canvas, model, s) {
   }
   ctx.strokeStyle = "#888";
   ctx.strokeRect(pad.l, pad.t, w, h);
-  ctx.fillStyle = "#222";
-  ctx.fillText(model.get("x_label"), pad.l + w / 2, height - 14);
-  ctx.save();
-  ctx.translate(12, pad.t + h / 2);
-  ctx.rotate(-Math.PI / 2);
-  ctx.textBaseline = "middle";
-  ctx.fillText(model.get("y_label") + (logY ? " (log)" : ""), 0, 0);
-  ctx.restore();
+  axisTitles(area, model.get("x_label"), model.get("y_label") + (logY ? " (log)" : ""));
 
   // event markers: a dashed line and a short label, staggered so neighbours stay readable
   ctx.save();
@@ -157,62 +116,15 @@ function draw(el, canvas, model, s) {
   });
   ctx.restore();
 
-  s.draws += 1;
-  s.drawMs += performance.now() - t0;
-  s.frameTimes.push(t0);
-  if (s.frameTimes.length > 240) s.frameTimes.shift();
   el.dataset.points = String(s.x.length);
   el.dataset.events = String(s.events.length);
-  el.dataset.draws = String(s.draws);
-}
-
-function legend(box, model) {
-  box.replaceChildren();
-  const colors = model.get("colors");
-  model.get("series").forEach((name, i) => {
-    const item = document.createElement("span");
-    item.style.cssText = "margin-right:10px;white-space:nowrap";
-    const sw = document.createElement("span");
-    sw.style.cssText = `display:inline-block;width:14px;height:3px;margin:0 4px 3px 0;background:${colors[i % colors.length]}`;
-    item.append(sw, name);
-    box.append(item);
-  });
 }
 
 export default {
-  render({ model, el }) {
-    const s = { x: [], y: [], events: [], updates: 0, draws: 0, drawMs: 0, frameTimes: [] };
-    el.classList.add("labdist-chart", "labdist-line-chart");
-    el.style.cssText = "font:12px sans-serif;color:#222;min-width:260px";
-    const title = document.createElement("div");
-    title.style.cssText = "font-weight:600;margin:2px 0 2px 4px";
-    const box = document.createElement("div");
-    box.style.cssText = "margin:0 0 2px 4px;font-size:11px";
-    const canvas = document.createElement("canvas");
-    canvas.style.cssText = `width:100%;height:${model.get("height")}px;display:block`;
-    el.append(title, box, canvas);
-    el.labdist = s; // tests and benchmarks read the chart's state here
-    let scheduled = false;
-    const frame = () => { scheduled = false; draw(el, canvas, model, s); };
-    const invalidate = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(frame); } };
-    const onMsg = (msg) => { apply(s, msg); invalidate(); };
-    const onChange = () => {
-      title.textContent = model.get("title");
-      el.dataset.title = model.get("title");
-      canvas.style.height = `${model.get("height")}px`;
-      legend(box, model);
-      invalidate();
-    };
-    model.on("msg:custom", onMsg);
-    model.on("change", onChange);
-    const resize = new ResizeObserver(invalidate);
-    resize.observe(canvas);
-    onChange();
-    model.send({ type: "hello" });
-    return () => {
-      model.off("msg:custom", onMsg);
-      model.off("change", onChange);
-      resize.disconnect();
-    };
+  render(view) {
+    return mountChart(view, {
+      name: "line-chart", state: { x: [], y: [], events: [], frameTimes: [] }, apply, draw,
+      header: (box, model) => legend(box, model, "width:14px;height:3px;margin:0 4px 3px 0"),
+    });
   },
 };

@@ -3,31 +3,9 @@
 // ("append"), "event" markers, a new surface ("contours") when the data or the view changes,
 // and "reset"; a view that (re)connects says "hello" and gets one "snapshot".
 
+import { axisTitles, fitCanvas, fmt, legend, mountChart, ticks } from "./_shared.js";
+
 const MAX_POINTS = 3000; // per replica; older points thinned by half
-
-function niceStep(span, count) {
-  const raw = span / Math.max(count, 1);
-  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
-  const norm = raw / mag;
-  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
-}
-
-function ticks(lo, hi, count) {
-  if (!(hi > lo)) return [lo];
-  const step = niceStep(hi - lo, count);
-  const out = [];
-  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
-    out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
-  }
-  return out;
-}
-
-function fmt(v) {
-  const a = Math.abs(v);
-  if (a === 0) return "0";
-  if (a >= 1e4 || a < 1e-3) return v.toExponential(1);
-  return String(Number(v.toPrecision(3)));
-}
 
 // pale blue (low loss) to pale yellow (high), so the paths on top stay readable
 const STOPS = [[222, 235, 247], [198, 219, 239], [224, 236, 214], [252, 241, 200], [253, 219, 180]];
@@ -106,24 +84,11 @@ function apply(s, msg) {
     s.paths = [];
     s.events = [];
   }
-  s.updates += 1;
 }
 
 function draw(el, canvas, model, s) {
-  const t0 = performance.now();
-  const dpr = window.devicePixelRatio || 1;
-  const width = Math.max(canvas.clientWidth, 50);
-  const height = model.get("height");
-  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
-    canvas.width = Math.round(width * dpr);
-    canvas.height = Math.round(height * dpr);
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, width, height);
-  const pad = { l: 58, r: 12, t: 12, b: 34 };
-  const w = width - pad.l - pad.r;
-  const h = height - pad.t - pad.b;
+  const area = fitCanvas(canvas, model.get("height"), { l: 58, r: 12, t: 12, b: 34 });
+  const { ctx, pad, w, h } = area;
   const c = s.surface && s.surface.c;
   let [a0, a1, b0, b1] = c ? c.bounds : [-1, 1, -1, 1];
   if (!c) {
@@ -186,63 +151,16 @@ function draw(el, canvas, model, s) {
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
   for (const v of ticks(a0, a1, Math.max(2, Math.floor(w / 80)))) ctx.fillText(fmt(v), px(v), pad.t + h + 4);
-  ctx.fillStyle = "#222";
-  ctx.fillText(model.get("x_label"), pad.l + w / 2, height - 14);
-  ctx.save();
-  ctx.translate(12, pad.t + h / 2);
-  ctx.rotate(-Math.PI / 2);
-  ctx.textBaseline = "middle";
-  ctx.fillText(model.get("y_label"), 0, 0);
-  ctx.restore();
-  s.draws += 1;
-  s.drawMs += performance.now() - t0;
+  axisTitles(area, model.get("x_label"), model.get("y_label"));
   el.dataset.points = String(s.paths.length ? s.paths[0].length : 0);
-  el.dataset.draws = String(s.draws);
 }
 
 export default {
-  render({ model, el }) {
-    const s = { paths: [], events: [], surface: null, updates: 0, draws: 0, drawMs: 0 };
-    el.classList.add("labdist-chart", "labdist-parameter-plane");
-    el.style.cssText = "font:12px sans-serif;color:#222;min-width:260px";
-    const title = document.createElement("div");
-    title.style.cssText = "font-weight:600;margin:2px 0 2px 4px";
-    const box = document.createElement("div");
-    box.style.cssText = "margin:0 0 2px 4px;font-size:11px";
-    const canvas = document.createElement("canvas");
-    canvas.style.cssText = `width:100%;height:${model.get("height")}px;display:block`;
-    el.append(title, box, canvas);
-    el.labdist = s;
-    let scheduled = false;
-    const frame = () => { scheduled = false; draw(el, canvas, model, s); };
-    const invalidate = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(frame); } };
-    const onMsg = (msg) => { apply(s, msg); invalidate(); };
-    const onChange = () => {
-      title.textContent = model.get("title");
-      el.dataset.title = model.get("title");
-      canvas.style.height = `${model.get("height")}px`;
-      box.replaceChildren();
-      const colors = model.get("colors");
-      model.get("series").forEach((name, i) => {
-        const item = document.createElement("span");
-        item.style.cssText = "margin-right:10px;white-space:nowrap";
-        const dot = document.createElement("span");
-        dot.style.cssText = `display:inline-block;width:8px;height:8px;border-radius:4px;margin-right:4px;background:${colors[i % colors.length]}`;
-        item.append(dot, name);
-        box.append(item);
-      });
-      invalidate();
-    };
-    model.on("msg:custom", onMsg);
-    model.on("change", onChange);
-    const resize = new ResizeObserver(invalidate);
-    resize.observe(canvas);
-    onChange();
-    model.send({ type: "hello" });
-    return () => {
-      model.off("msg:custom", onMsg);
-      model.off("change", onChange);
-      resize.disconnect();
-    };
+  render(view) {
+    return mountChart(view, {
+      name: "parameter-plane", state: { paths: [], events: [], surface: null }, apply, draw,
+      header: (box, model) =>
+        legend(box, model, "width:8px;height:8px;border-radius:4px;margin-right:4px"),
+    });
   },
 };

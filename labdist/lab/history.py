@@ -43,7 +43,7 @@ class Event:
 
 
 @dataclass
-class History:
+class RunHistory:
     """Per-step columns (`step`, `kind`, `loss` (steps x replicas), `global_loss`, `spread`,
     `tracked[name]` (steps x replicas), `contributions`, `time`) and the `events`.
     A switch adds a row (contributions 0) with the copies right after the switch."""

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
-from labdist.lab.history import History
+from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
-from labdist.lab.runner import Batches, Runner
+from labdist.lab.runner import Runner
 
 
 class Lab:
@@ -68,8 +70,8 @@ class Lab:
         self._lock = threading.Lock()
         self.panel = None
         self._pool = StrategyPool(strategy, num_replicas)
-        self.history = History(track, index)
-        self._runner = Runner(self._pool, model, spec, Batches(x, y, global_batch_size, seed),
+        self.history = RunHistory(track, index)
+        self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
         try:
             self._runner.call(lambda: self._runner.start(first)).result()
@@ -103,6 +105,17 @@ class Lab:
         return self._pool.num_replicas
 
     @property
+    def spec(self) -> ParamSpec:
+        """How the model's named parameters pack into one flat vector (`names`, `index("w")`,
+        `flatten`, `unflatten`): the layout of every copy in the history and the events."""
+        return self._spec
+
+    def pending_config(self) -> RunConfig:
+        """The configuration once the queued changes are applied (what `set` builds on, and
+        what the controls show)."""
+        return self._runner.pending_config()
+
+    @property
     def events(self):
         return list(self.history.events)
 
@@ -127,7 +140,7 @@ class Lab:
             return
         requested = time.time()
         with self._lock:
-            pending = self._runner.pending_config()
+            pending = self.pending_config()
             new = pending.replace(changes, self.num_replicas)
             diff = {k: b for k, (_, b) in new.changes_from(pending).items()}
             if diff:
@@ -167,7 +180,7 @@ class Lab:
     def wait(self, timeout: float | None = None) -> None:
         """Block until the steps asked for are done and queued changes applied; raise what
         stopped the run, if something did. TimeoutError after `timeout` seconds."""
-        if timeout is None and self._runner._budget < 0:
+        if timeout is None and self._runner.open_ended:
             raise RuntimeError("this run has no end (run() without steps): pause() it, or "
                                "wait(timeout=...)")
         if not self._runner.wait(timeout):
@@ -175,6 +188,27 @@ class Lab:
                                f"(step {self.step_count})")
         if self._runner.error is not None:
             raise self._runner.error
+
+    # -- what the run tells (the panel listens through exactly this) --------------------------
+    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+        """Call `callback(item)` for everything the run does from now on; returns a function
+        that stops it (as `unsubscribe(callback)` does).
+
+        An item is a dict with a "type": "step" (a history row: step, kind, loss, global_loss,
+        spread, tracked, contributions, time, plane), "event" (a change applied: step, text,
+        changes, requested, applied, requested_step), "ps_stats" (the parameter servers'
+        counters), "reset" or "error". The callback runs on the lab's training thread: it
+        should only hand the item on (e.g. put it in a queue), never block or raise.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback={callback!r} is not callable; give a function taking "
+                            "one dict")
+        self._runner.subscribe(callback)
+        return lambda: self._runner.unsubscribe(callback)
+
+    def unsubscribe(self, callback: Callable[[dict], None]) -> None:
+        """Stop calling `callback` (nothing happens if it was not subscribed)."""
+        self._runner.unsubscribe(callback)
 
     def values(self) -> list[dict[str, np.ndarray]]:
         """Each replica's parameters now (a parameter-server run: one entry, the PS value),
@@ -211,7 +245,7 @@ class Lab:
                 f"{self.step_count}, {self.state}>")
 
     def _check_open(self) -> None:
-        if self._runner.state == "closed" or self._runner._closing:
+        if self._runner.state == "closed" or self._runner.closing:
             raise RuntimeError("this lab is closed; make a new ld.Lab")
 
 

@@ -1,5 +1,7 @@
 """Small models the lab trains: named parameters, and the loss with its gradient on one batch,
 written once against an array module `xp` (numpy or cupy) so the same code runs on any replica.
+They are built from the training blocks (`labdist.training`'s Dense layer and losses), under
+the lab's own parameter names, which the charts and `track` use.
 
 A lab model is anything with `init_params()`, `loss_and_grads(xp, params, x, y)` and
 `loss(xp, params, x, y)`; gradients are of the batch's *mean* loss, so with aggregation SUM the
@@ -8,9 +10,13 @@ replicas' gradients add up (a bigger step) and with MEAN they average, as in tf.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
+
+from labdist.training import losses
+from labdist.training.layers import Dense
 
 
 class LabModel:
@@ -46,9 +52,27 @@ class LabModel:
         return out
 
 
+@lru_cache(maxsize=64)
+def dense(n_features: int, units: int) -> Dense:
+    """A linear `Dense` layer, made once per shape and process: a lab model keeps only its
+    sizes, so it pickles plainly (a layer holds its activation's lambda) for every step it
+    travels with."""
+    return Dense(units, input_shape=(n_features,))
+
+
+def empty_batch(xp, params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """An empty shard (more replicas than samples): zero loss and zero gradients."""
+    return xp.asarray(0.0), {k: xp.zeros_like(v) for k, v in params.items()}
+
+
 class Linear(LabModel):
     """y ≈ x @ w + b with the mean squared error. With one feature, `w` and `b` are scalars and
-    the lab draws each replica's path in the (w, b) plane over the loss contours."""
+    the lab draws each replica's path in the (w, b) plane over the loss contours.
+
+    A `Dense(1)` layer with the "mse" loss: `w` is its kernel and `b` its bias, reshaped.
+    `loss_grid` and `solve` stay written out: they evaluate many (w, b) at once or solve
+    for the optimum, which a layer holding one set of parameters does not do.
+    """
 
     def __init__(self, n_features: int = 1, init: tuple[float, float] = (0.0, 0.0)):
         if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
@@ -60,6 +84,7 @@ class Linear(LabModel):
         self.n_features = n_features
         self.init = (float(init[0]), float(init[1]))
         self.plane = ("w", "b") if n_features == 1 else None
+        self.loss_fn = losses.get("mse")
 
     def __repr__(self) -> str:
         return f"Linear(n_features={self.n_features})"
@@ -68,19 +93,18 @@ class Linear(LabModel):
         shape = () if self.n_features == 1 else (self.n_features,)
         return {"w": np.full(shape, self.init[0]), "b": np.asarray(self.init[1])}
 
-    def _x(self, xp, x):
-        return x.reshape(len(x), self.n_features)
-
     def loss_and_grads(self, xp, params, x, y):
-        n = len(x)
-        if n == 0:
-            return xp.asarray(0.0), {k: xp.zeros_like(v) for k, v in params.items()}
-        x2 = self._x(xp, x)
-        w = params["w"].reshape(self.n_features)
-        err = x2 @ w + params["b"] - y.reshape(n)
-        grad_w = 2.0 * (x2.T @ err) / n
-        return ((err * err).mean(),
-                {"w": grad_w.reshape(params["w"].shape), "b": 2.0 * err.mean()})
+        if len(x) == 0:
+            return empty_batch(xp, params)
+        kernel_bias = {"kernel": params["w"].reshape(self.n_features, 1),
+                       "bias": params["b"].reshape(1)}
+        x2 = x.reshape(len(x), self.n_features)
+        layer = dense(self.n_features, 1)
+        out, cache = layer.forward(xp, kernel_bias, x2)
+        loss, d_out = self.loss_fn(xp, y, out)
+        _, grads = layer.backward(xp, kernel_bias, cache, d_out, input_grad=False)
+        return loss, {"w": grads["kernel"].reshape(params["w"].shape),
+                      "b": grads["bias"].reshape(params["b"].shape)}
 
     def check_data(self, x, y):
         if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[1] != self.n_features) or \
@@ -105,7 +129,11 @@ class Linear(LabModel):
 
 
 class SoftmaxRegression(LabModel):
-    """Multinomial logistic regression (softmax of x @ W + b) with cross-entropy loss."""
+    """Multinomial logistic regression (softmax of x @ W + b) with cross-entropy loss.
+
+    A `Dense(n_classes)` layer (`W` its kernel, `b` its bias) and sparse categorical
+    cross-entropy from logits, whose gradient is the fused softmax one, (p - onehot) / n.
+    """
 
     def __init__(self, n_features: int, n_classes: int, seed: int = 0):
         for name, v in (("n_features", n_features), ("n_classes", n_classes)):
@@ -114,6 +142,7 @@ class SoftmaxRegression(LabModel):
         if n_classes < 2:
             raise ValueError(f"n_classes={n_classes!r} must be at least 2")
         self.n_features, self.n_classes, self.seed = n_features, n_classes, seed
+        self.loss_fn = losses.get("sparse_categorical_crossentropy", from_logits=True)
 
     def __repr__(self) -> str:
         return f"SoftmaxRegression(n_features={self.n_features}, n_classes={self.n_classes})"
@@ -124,19 +153,14 @@ class SoftmaxRegression(LabModel):
                 "b": np.zeros(self.n_classes)}
 
     def loss_and_grads(self, xp, params, x, y):
-        n = len(x)
-        if n == 0:
-            return xp.asarray(0.0), {k: xp.zeros_like(v) for k, v in params.items()}
-        z = x @ params["W"] + params["b"]
-        z = z - z.max(axis=1, keepdims=True)
-        p = xp.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
-        rows = xp.arange(n)
-        labels = y.reshape(n).astype("int64")
-        loss = -xp.log(xp.maximum(p[rows, labels], 1e-12)).mean()
-        p[rows, labels] -= 1.0
-        p /= n
-        return loss, {"W": x.T @ p, "b": p.sum(axis=0)}
+        if len(x) == 0:
+            return empty_batch(xp, params)
+        layer = dense(self.n_features, self.n_classes)
+        kernel_bias = {"kernel": params["W"], "bias": params["b"]}
+        logits, cache = layer.forward(xp, kernel_bias, x)
+        loss, d_logits = self.loss_fn(xp, y, logits)
+        _, grads = layer.backward(xp, kernel_bias, cache, d_logits, input_grad=False)
+        return loss, {"W": grads["kernel"], "b": grads["bias"]}
 
     def check_data(self, x, y):
         if x.ndim != 2 or x.shape[1] != self.n_features:

@@ -12,10 +12,13 @@ from labdist.lab.models import LabModel, ParamSpec
 
 
 def strategy_key(strategy: Any) -> tuple:
-    """The RunConfig.strategy_key a strategy serves."""
-    mode = getattr(strategy, "mode", None)
-    if hasattr(strategy, "_ps_group") and mode in ("async", "sync"):
-        return ("ps_" + mode, strategy.use_locking)
+    """The RunConfig.strategy_key a strategy serves: ("ps_async" | "ps_sync", use_locking) for a
+    parameter-server strategy, ("mirrored",) for anything else (check_strategy says whether
+    the lab takes it)."""
+    from labdist.parameter_server import ParameterServerStrategy
+
+    if isinstance(strategy, ParameterServerStrategy):
+        return ("ps_" + strategy.mode, strategy.use_locking)
     return ("mirrored",)
 
 

@@ -25,31 +25,12 @@ import numpy as np
 
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.lab.backends import StepRecord
+from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
-from labdist.lab.history import Event, History
+from labdist.lab.history import Event, RunHistory
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
-
-
-class Batches:
-    """Endless global batches of (x, y): a fresh seeded shuffle each epoch, full batches only."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int):
-        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
-        self.reset()
-
-    def reset(self) -> None:
-        self._rng = np.random.default_rng(self.seed)
-        self._order: np.ndarray = np.empty(0, int)
-        self._at = 0
-
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._at + self.batch_size > len(self._order):
-            self._order, self._at = self._rng.permutation(len(self.x)), 0
-        idx = self._order[self._at:self._at + self.batch_size]
-        self._at += self.batch_size
-        return self.x[idx], self.y[idx]
 
 
 def unify(copies: list[np.ndarray], policy: str) -> np.ndarray:
@@ -65,8 +46,8 @@ def needs_equal_copies(config: RunConfig) -> bool:
 class Runner:
     """Drives one run on a background thread; see the module docstring."""
 
-    def __init__(self, pool, model, spec, batches: Batches, config: RunConfig,
-                 history: History):
+    def __init__(self, pool, model, spec, batches: BatchStream, config: RunConfig,
+                 history: RunHistory):
         self.pool, self.model, self.spec = pool, model, spec
         self.batches = batches
         self.config = config
@@ -134,14 +115,28 @@ class Runner:
             self._cv.notify_all()
         self._thread.join(timeout)
 
-    def listen(self, callback: Callable[[dict], None]) -> None:
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
         """`callback(item)` on the runner thread for each record / event / reset; it must
         only enqueue (the UI's publisher does the work)."""
-        self._listeners.append(callback)
+        with self._cv:
+            self._listeners = [*self._listeners, callback]
 
-    def unlisten(self, callback: Callable[[dict], None]) -> None:
-        if callback in self._listeners:
-            self._listeners.remove(callback)
+    def unsubscribe(self, callback: Callable[[dict], None]) -> None:
+        with self._cv:
+            if callback in self._listeners:  # ==: a bound method is made anew on each access
+                listeners = list(self._listeners)
+                listeners.remove(callback)
+                self._listeners = listeners
+
+    @property
+    def open_ended(self) -> bool:
+        """Whether the run trains until paused (run() without steps)."""
+        return self._budget < 0
+
+    @property
+    def closing(self) -> bool:
+        """Whether close() was called (the thread may still be finishing)."""
+        return self._closing
 
     def pending_config(self) -> RunConfig:
         """The config once everything queued is applied (what new changes build on)."""
@@ -157,7 +152,7 @@ class Runner:
                 or bool(self._calls)) and self.state != "closed"
 
     def _emit(self, item: dict) -> None:
-        for callback in list(self._listeners):
+        for callback in self._listeners:  # a list replaced, never changed, on (un)subscribe
             callback(item)
 
     def _loop(self) -> None:
@@ -171,25 +166,31 @@ class Runner:
                 changes, self._changes = self._changes, []
                 calls, self._calls = self._calls, []
                 closing = self._closing
-            try:
-                if changes or calls or closing:
-                    self._records(self.backend.drain() if self.backend else [])
-                if changes:
-                    self._apply(changes)
-                for fn, future in calls:
-                    try:
-                        future.set_result(fn())
-                    except BaseException as e:
-                        future.set_exception(e)
-                if closing:
-                    self._finish_close()
-                    return
-                if self._budget and not self._pace():
-                    self._step()
-            except BaseException as error:  # the run stops; the lab stays usable
-                with self._cv:
-                    self.error, self._budget, self.state = error, 0, "failed"
-                self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
+            if changes or calls or closing:  # a boundary: nothing in flight past here
+                self._safely(lambda: self._records(self.backend.drain() if self.backend
+                                                   else []))
+            if changes:
+                self._safely(self._apply, changes)
+            for fn, future in calls:  # run even after a failure above: a caller waits on each
+                try:
+                    future.set_result(fn())
+                except BaseException as e:
+                    future.set_exception(e)
+            if closing:
+                self._finish_close()
+                return
+            if self._budget and not self._pace():
+                self._safely(self._step)
+
+    def _safely(self, fn: Callable, *args: Any) -> None:
+        """What raises stops the run (state "failed", the error kept and sent); the lab and
+        the loop stay usable."""
+        try:
+            fn(*args)
+        except BaseException as error:
+            with self._cv:
+                self.error, self._budget, self.state = error, 0, "failed"
+            self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
 
     def _pace(self) -> bool:
         """With a pace, wait for the next step's time (a change or command wakes us); True

@@ -6,6 +6,7 @@ work the same whether widget messages arrive on the kernel's main shell or on a 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import ipywidgets as w
 
@@ -15,6 +16,12 @@ KIND_OPTIONS = [("mirrored", "mirrored"), ("PS async", "ps_async"), ("PS sync", 
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
 WIDE = w.Layout(width="290px")
 STYLE = {"description_width": "110px"}
+
+
+class _Quiet(threading.local):
+    """Set while `sync()` writes values on this thread: the observers then stay silent."""
+
+    on = False
 
 
 def _toggle(name: str, options, tooltip: str, width: str) -> w.ToggleButtons:
@@ -33,7 +40,8 @@ class Controls:
     def __init__(self, lab):
         self.lab = lab
         self.error: str | None = None
-        self._quiet = threading.local()  # set while sync() writes values
+        self.on_error: Callable[[str], None] | None = None  # told each refusal's text
+        self._quiet = _Quiet()
         n = lab.num_replicas
         self.kind = _toggle("kind", KIND_OPTIONS, "mirrored or parameter servers", "90px")
         self.synchronization = _toggle("synchronization", ["ON_WRITE", "ON_READ", "NONE"],
@@ -83,14 +91,14 @@ class Controls:
 
     def _changed(self, name: str):
         def observer(change: dict) -> None:
-            if not getattr(self._quiet, "on", False):
+            if not self._quiet.on:
                 value = float(change["new"]) if name == "pace" else change["new"]
                 self._safely(lambda: self.lab.set(**{name: value}))
         return observer
 
     def _changed_delay(self, r: int):
         def observer(change: dict) -> None:
-            if not getattr(self._quiet, "on", False):
+            if not self._quiet.on:
                 self._safely(lambda: self.lab.set(delay={r: float(change["new"])}))
         return observer
 
@@ -101,9 +109,8 @@ class Controls:
             self.error = None
         except Exception as e:  # every refusal is reported the same way
             self.error = f"{type(e).__name__}: {e}"
-            on_error = getattr(self, "on_error", None)
-            if on_error is not None:
-                on_error(self.error)
+            if self.on_error is not None:
+                self.on_error(self.error)
 
     def sync(self, config: RunConfig) -> None:
         """Show `config` (from the publisher's thread) without queuing it again."""

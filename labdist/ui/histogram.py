@@ -14,12 +14,9 @@ from labdist.ui.stream import StreamChart, esm
 
 class Histogram(StreamChart):
     _esm = esm("histogram")
-    title = traitlets.Unicode("").tag(sync=True)
-    x_label = traitlets.Unicode("").tag(sync=True)
     y_label = traitlets.Unicode("count").tag(sync=True)
     note = traitlets.Unicode("").tag(sync=True)
     color = traitlets.Unicode("#4c72b0").tag(sync=True)
-    height = traitlets.Int(190).tag(sync=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -16,13 +16,10 @@ MAX_POINTS = 4000  # per series; older points are thinned (as the front end does
 
 class LineChart(StreamChart):
     _esm = esm("line_chart")
-    title = traitlets.Unicode("").tag(sync=True)
     x_label = traitlets.Unicode("step").tag(sync=True)
-    y_label = traitlets.Unicode("").tag(sync=True)
     series = traitlets.List(traitlets.Unicode()).tag(sync=True)
     colors = traitlets.List(traitlets.Unicode(), PALETTE).tag(sync=True)
     log_y = traitlets.Bool(False).tag(sync=True)
-    height = traitlets.Int(190).tag(sync=True)
     emphasis = traitlets.Int(-1).tag(sync=True)  # a series drawn thicker (e.g. "global")
 
     def __init__(self, **kwargs):

@@ -18,9 +18,6 @@ MAX_POINTS = 3000  # per replica, thinned by half beyond (as the front end does)
 
 class ParameterPlane(StreamChart):
     _esm = esm("parameter_plane")
-    title = traitlets.Unicode("").tag(sync=True)
-    x_label = traitlets.Unicode("").tag(sync=True)
-    y_label = traitlets.Unicode("").tag(sync=True)
     series = traitlets.List(traitlets.Unicode()).tag(sync=True)
     colors = traitlets.List(traitlets.Unicode(), PALETTE).tag(sync=True)
     height = traitlets.Int(300).tag(sync=True)
@@ -34,6 +31,13 @@ class ParameterPlane(StreamChart):
     @property
     def bounds(self) -> tuple[float, float, float, float] | None:
         return tuple(self._contours["bounds"]) if self._contours else None
+
+    def recent(self, count: int) -> list[list[list[float]]]:
+        """Each replica's last `count` points ([a, b] pairs), oldest first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"count={count!r} must be an integer >= 0")
+        with self._delta_lock:
+            return [path[-count:] if count else [] for path in self._paths]
 
     def append(self, points: Sequence[np.ndarray]) -> None:
         """`points`: for each new step, a (replicas, 2) array of where each replica is."""

@@ -1,8 +1,8 @@
 """From the run to the charts, at most `RATE_HZ` times a second, on a thread of its own.
 
-The runner's listener only puts items in a queue; this thread batches them into deltas (all
-the steps since the last frame in one message per chart), draws events on every chart, keeps
-the controls showing the configuration, and writes the event log through
+Its subscription to the lab (`lab.subscribe`) only puts items in a queue; this thread batches
+them into deltas (all the steps since the last frame in one message per chart), draws events on
+every chart, keeps the controls showing the configuration, and writes the event log through
 `Output.append_stdout` (never `with out:` from a thread).
 """
 
@@ -40,14 +40,14 @@ class Publisher:
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
-        self._plane_index = ([lab._spec.index(p) for p in plane]
+        self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
-        lab._runner.listen(self.items.put)
+        self._unsubscribe = lab.subscribe(self.items.put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        self.lab._runner.unlisten(self.items.put)
+        self._unsubscribe()
         self._stop.set()
         self._thread.join(5)
 
@@ -133,7 +133,7 @@ class Publisher:
                   "after the request)")
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
-        self.controls.sync(self.lab._runner.pending_config())
+        self.controls.sync(self.lab.pending_config())
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
 
@@ -160,7 +160,7 @@ class Publisher:
         """Recompute when the skew changed, or a path left the box (at most twice a
         second)."""
         plane = self.charts["plane"]
-        skew = self.lab._runner.pending_config().skew
+        skew = self.lab.pending_config().skew
         box = plane.bounds
         if not force and box is not None and skew == self._surface_skew:
             pts = np.concatenate(points) if points else np.empty((0, 2))
@@ -175,22 +175,21 @@ class Publisher:
         b = np.linspace(bounds[2], bounds[3], GRID)
         aa, bb = np.meshgrid(a, b)
         model, (x, y) = self.lab.model, self.lab.data
-        base = self.lab._spec.unflatten(self.lab._spec.flatten(model.init_params()))
+        base = self.lab.spec.unflatten(self.lab.spec.flatten(model.init_params()))
         n = self.lab.num_replicas
         z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
                 for r in range(n)) / n  # every replica's objective, averaged
         plane.set_surface(bounds, z.reshape(GRID, GRID))
 
     def _box(self, skew: float) -> tuple[float, float, float, float]:
-        spec, model = self.lab._spec, self.lab.model
+        spec, model = self.lab.spec, self.lab.model
         pts = [spec.flatten(model.init_params())[self._plane_index]]
         if hasattr(model, "solve"):
             x, y = self.lab.data
             for r in range(self.lab.num_replicas):
                 pts.append(spec.flatten(model.solve(x + r * skew, y))[self._plane_index])
-        path = self.charts["plane"]._paths
-        for p in path:
-            pts += [np.asarray(q) for q in p[-200:]]
+        for path in self.charts["plane"].recent(200):
+            pts += [np.asarray(q) for q in path]
         pts = np.array(pts)
         lo, hi = pts.min(axis=0), pts.max(axis=0)
         span = np.maximum(hi - lo, 0.5)

@@ -1,0 +1,119 @@
+// labdist charts: what every chart's front end shares — ticks and number formats, a canvas sized
+// for the screen's pixel ratio, axis titles, a legend, and the render loop (a "hello" for a
+// snapshot, deltas applied as they come, at most one redraw per animation frame).
+// anywidget loads one ES module per widget: labdist/ui/stream.py puts this file in front of
+// each chart's module (dropping the import line there and the `export`s here).
+
+// a round step (1, 2 or 5 times a power of ten) giving about `count` intervals over `span`
+export function niceStep(span, count) {
+  const raw = span / Math.max(count, 1);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const norm = raw / mag;
+  return (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
+}
+
+export function ticks(lo, hi, count) {
+  if (!(hi > lo)) return [lo];
+  const step = niceStep(hi - lo, count);
+  const out = [];
+  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
+    out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
+  }
+  return out;
+}
+
+export function fmt(v) {
+  const a = Math.abs(v);
+  if (a === 0) return "0";
+  if (a >= 1e4 || a < 1e-3) return v.toExponential(1);
+  return String(Number(v.toPrecision(3)));
+}
+
+// the canvas at the screen's resolution, cleared; the plot area inside `pad` is w x h
+export function fitCanvas(canvas, height, pad) {
+  const dpr = window.devicePixelRatio || 1;
+  const width = Math.max(canvas.clientWidth, 50);
+  if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
+    canvas.width = Math.round(width * dpr);
+    canvas.height = Math.round(height * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+  return { ctx, width, height, pad, w: width - pad.l - pad.r, h: height - pad.t - pad.b };
+}
+
+// the x title under the plot area and the y title turned up along its left side
+export function axisTitles(area, xLabel, yLabel) {
+  const { ctx, pad, w, h, height } = area;
+  ctx.fillStyle = "#222";
+  ctx.textAlign = "center";
+  ctx.textBaseline = "top";
+  ctx.fillText(xLabel, pad.l + w / 2, height - 14);
+  ctx.save();
+  ctx.translate(12, pad.t + h / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textBaseline = "middle";
+  ctx.fillText(yLabel, 0, 0);
+  ctx.restore();
+}
+
+// one entry per series: a swatch (`swatch`: its CSS, less the colour) and the series' name
+export function legend(box, model, swatch) {
+  box.replaceChildren();
+  const colors = model.get("colors");
+  model.get("series").forEach((name, i) => {
+    const item = document.createElement("span");
+    item.style.cssText = "margin-right:10px;white-space:nowrap";
+    const sw = document.createElement("span");
+    sw.style.cssText = `display:inline-block;${swatch};background:${colors[i % colors.length]}`;
+    item.append(sw, name);
+    box.append(item);
+  });
+}
+
+// A chart's view: a title, a line under it (`header(box, model)` fills it), and the canvas.
+// `apply(s, msg)` folds a kernel message into the state `s`; `draw(el, canvas, model, s)` paints
+// it. `el.labdist` is the state (tests and benchmarks read it: updates, draws, drawMs).
+export function mountChart({ model, el }, { name, state, apply, draw, header }) {
+  const s = { ...state, updates: 0, draws: 0, drawMs: 0 };
+  el.classList.add("labdist-chart", `labdist-${name}`);
+  el.style.cssText = "font:12px sans-serif;color:#222;min-width:260px";
+  const title = document.createElement("div");
+  title.style.cssText = "font-weight:600;margin:2px 0 2px 4px";
+  const box = document.createElement("div");
+  box.style.cssText = "margin:0 0 2px 4px;font-size:11px";
+  const canvas = document.createElement("canvas");
+  canvas.style.cssText = `width:100%;height:${model.get("height")}px;display:block`;
+  el.append(title, box, canvas);
+  el.labdist = s;
+  let scheduled = false;
+  const frame = () => {
+    scheduled = false;
+    const t0 = performance.now();
+    draw(el, canvas, model, s);
+    s.draws += 1;
+    s.drawMs += performance.now() - t0;
+    el.dataset.draws = String(s.draws);
+  };
+  const invalidate = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(frame); } };
+  const onMsg = (msg) => { apply(s, msg); s.updates += 1; invalidate(); };
+  const onChange = () => {
+    title.textContent = model.get("title");
+    el.dataset.title = model.get("title");
+    canvas.style.height = `${model.get("height")}px`;
+    header(box, model);
+    invalidate();
+  };
+  model.on("msg:custom", onMsg);
+  model.on("change", onChange);
+  const resize = new ResizeObserver(invalidate);
+  resize.observe(canvas);
+  onChange();
+  model.send({ type: "hello" });
+  return () => {
+    model.off("msg:custom", onMsg);
+    model.off("change", onChange);
+    resize.disconnect();
+  };
+}
