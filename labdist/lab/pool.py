@@ -15,7 +15,7 @@ def strategy_key(strategy: Any) -> tuple:
     """The RunConfig.strategy_key a strategy serves: ("ps_async" | "ps_sync", use_locking) for a
     parameter-server strategy, ("mirrored",) for anything else (check_strategy says whether
     the lab takes it)."""
-    from labdist.parameter_server import ParameterServerStrategy
+    from labdist.strategies import ParameterServerStrategy
 
     if isinstance(strategy, ParameterServerStrategy):
         return ("ps_" + strategy.mode, strategy.use_locking)
