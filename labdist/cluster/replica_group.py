@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import selectors
 import uuid
 from typing import Any
 
 from labdist import shipping
 from labdist.backend import gpu_count
 from labdist.cluster.actor_group import ActorGroup
+from labdist.cluster.lane import LaneStepChannel, connect_lanes
+from labdist.cluster.step_channel import ActorStepChannel, StepChannel
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.errors import ReplicaLostError
 from labdist.worker import actor_call as remote
-from labdist.worker.lane import LaneClient
-from labdist.worker.lane import dumps as lane_dumps
 from labdist.worker.replica import Replica, StepEvent
-
-# A replica still running this long after a peer finished is told about it, so a replica
-# waiting for a collective its peer will never make fails now instead of at the timeout.
-NOTICE_AFTER_S = 0.2
 
 
 class DaskReplicaGroup(ActorGroup):
@@ -37,7 +32,7 @@ class DaskReplicaGroup(ActorGroup):
         self.workers: list[str] = []
         self._keys: list[str] = []  # the replicas' actor keys, once every one has started
         self.infos: list[dict] = []
-        self._lanes: list[LaneClient] | None = None
+        self.steps: StepChannel | None = None
         try:
             self._connect(cluster, num_replicas or (gpu_count() or 2), connect_timeout,
                           security)
@@ -52,7 +47,7 @@ class DaskReplicaGroup(ActorGroup):
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
             self.transport = self._choose_transport(transport)
             self.nccl = self._setup_nccl(device_collectives)
-            self._lanes = self._open_lanes(transport, connect_timeout)
+            self.steps = self._step_channel(transport, connect_timeout)
         except BaseException:
             self.close()  # stop whatever replicas started, release what we own
             raise
@@ -91,23 +86,15 @@ class DaskReplicaGroup(ActorGroup):
         self._sync(self._all, "nccl_init", [(ids[0],)] * n)
         return True
 
-    def _open_lanes(self, transport: str, timeout: float) -> list[LaneClient] | None:
-        """The fast lane for steps (worker/lane.py), unless told to use Dask comms only or
+    def _step_channel(self, transport: str, timeout: float) -> StepChannel:
+        """Steps over the fast lane (cluster/lane.py), unless told to use Dask comms only or
         the cluster uses TLS; any failure to connect falls back to actor calls."""
-        if transport == "tcp":
-            return None
-        ends = self._sync(self._all, "lane_open", [()] * len(self.workers))
-        if None in ends:
-            return None
-        lanes: list[LaneClient] = []
-        try:
-            for address, token in ends:
-                lanes.append(LaneClient(address, token, timeout))
-        except OSError:
-            for lane in lanes:
-                lane.close()
-            return None
-        return lanes
+        if transport != "tcp":
+            ends = self._sync(self._all, "lane_open", [()] * len(self.workers))
+            lanes = connect_lanes(ends, timeout)
+            if lanes is not None:
+                return LaneStepChannel(self, lanes)
+        return ActorStepChannel(self)
 
     def lost_replicas(self) -> list[int]:
         return [r for r in range(len(self.workers)) if self.lost(r)]
@@ -169,36 +156,6 @@ class DaskReplicaGroup(ActorGroup):
         return await asyncio.gather(
             *(self.call(r, method, *a) for r, a in zip(ranks, args_per_rank, strict=True)))
 
-    async def _events(self, run_id: int, method: str, args_per_rank, ranks) -> list[StepEvent]:
-        """Each replica's next StepEvent; peers that finished early are announced to the rest."""
-        tasks = {asyncio.ensure_future(self.call(r, method, *a)): r
-                 for r, a in zip(ranks, args_per_rank, strict=True)}
-        events: dict[int, StepEvent] = {}
-        announced: set[int] = set()
-        pending = set(tasks)
-        first = True  # the common case: everyone answers within NOTICE_AFTER_S, in one wait
-        while pending:
-            done, pending = await asyncio.wait(
-                pending, timeout=NOTICE_AFTER_S,
-                return_when=asyncio.ALL_COMPLETED if first else asyncio.FIRST_COMPLETED)
-            timed_out = bool(pending) and (first or not done)
-            first = False
-            for t in done:
-                try:
-                    events[tasks[t]] = t.result()
-                except Exception as e:  # a lost worker, or an error outside the step itself
-                    events[tasks[t]] = StepEvent("error", 0, error=e)
-            for t in [t for t in pending if self.lost(tasks[t])]:  # don't wait for a dead worker
-                t.cancel()
-                pending.discard(t)
-                error = self.lost_error(tasks[t], "its worker left the cluster")
-                events[tasks[t]] = StepEvent("error", 0, error=error)
-            if timed_out and events:
-                news = [r for r in events if r not in announced]
-                announced.update(news)
-                await self._announce(run_id, news, events, [tasks[t] for t in pending])
-        return [events[r] for r in ranks]
-
     # -- the replica-group protocol --------------------------------------------------------------
     def create(self, var_id, host):
         self._sync(self._all, "create", [(var_id, host)] * len(self.workers))
@@ -215,67 +172,12 @@ class DaskReplicaGroup(ActorGroup):
         fn_bytes = shipping.dumps(fn)
         n = len(self.workers)
         args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
-        return self._step_events(run_id, "run", args, list(range(n)))
+        return self.steps.exchange(run_id, "run", args, list(range(n)))
 
-    def resume(self, run_id, values, errors, ranks=None):
+    def resume(self, run_id, values, errors, ranks=None) -> list[StepEvent]:
         ranks = list(range(len(self.workers))) if ranks is None else ranks
         args = [(values[r], errors[r] if errors else None) for r in ranks]
-        return self._step_events(run_id, "resume", args, ranks)
-
-    def _step_events(self, run_id, method, args_per_rank, ranks) -> list[StepEvent]:
-        if self._lanes is None:
-            return self._sync(self._events, run_id, method, args_per_rank, ranks)
-        return self._lane_events(run_id, method, args_per_rank, ranks)
-
-    def _lane_events(self, run_id, method, args_per_rank, ranks) -> list[StepEvent]:
-        """`_events` over the lanes: the calling thread talks to the replicas directly."""
-        payloads = []
-        for r, args in zip(ranks, args_per_rank, strict=True):
-            try:
-                payloads.append(lane_dumps((method, *args)))
-            except Exception as e:
-                raise TypeError(f"the arguments of {method!r} cannot be sent to "
-                                f"{self.where(r)}: {e}. Pass arrays, numbers, and picklable "
-                                "objects") from None
-        events: dict[int, StepEvent] = {}
-        selector = selectors.DefaultSelector()
-        try:
-            for r, payload in zip(ranks, payloads, strict=True):
-                try:
-                    self._lanes[r].send(payload)
-                    selector.register(self._lanes[r].sock, selectors.EVENT_READ, r)
-                except OSError as e:
-                    events[r] = StepEvent("error", 0, error=self.lost_error(r, repr(e)))
-            announced: set[int] = set()
-            while len(events) < len(ranks):
-                ready = selector.select(timeout=NOTICE_AFTER_S)
-                for key, _ in ready:
-                    r = key.data
-                    selector.unregister(key.fileobj)
-                    try:
-                        events[r] = self._lanes[r].receive()
-                    except (OSError, EOFError) as e:
-                        events[r] = StepEvent("error", 0, error=self.lost_error(r, repr(e)))
-                if ready:
-                    continue
-                waiting = [r for r in ranks if r not in events]
-                for r in waiting:
-                    if self.lost(r):  # don't wait for a dead worker
-                        selector.unregister(self._lanes[r].sock)
-                        error = self.lost_error(r, "its worker left the cluster")
-                        events[r] = StepEvent("error", 0, error=error)
-                news = [r for r in events if r not in announced]
-                if news and len(events) < len(ranks):
-                    announced.update(news)
-                    self._sync(self._announce, run_id, news, events,
-                               [r for r in ranks if r not in events])
-        finally:
-            selector.close()
-        return [events[r] for r in ranks]
-
-    async def _announce(self, run_id, news, events, waiting) -> None:
-        await asyncio.gather(*(self.call(w, "peer_state", run_id, r, *_state(events[r]))
-                               for w in waiting for r in news), return_exceptions=True)
+        return self.steps.exchange(run_id, "resume", args, ranks)
 
     def update(self, fn, args_r, kwargs_r):
         fn_bytes = shipping.dumps(fn)
@@ -286,14 +188,6 @@ class DaskReplicaGroup(ActorGroup):
         if self._keys:
             with contextlib.suppress(Exception):
                 self._sync(self._all, "close", [()] * len(self.workers))
-        for lane in self._lanes or []:
-            lane.close()
-        self._lanes = None
-
-
-def _state(event: StepEvent) -> tuple[str, Any]:
-    if event.kind == "error":
-        return "failed", f"{type(event.error).__name__}: {event.error}"
-    return event.kind, event.seq
-
-
+        if self.steps is not None:
+            self.steps.close()
+            self.steps = None
