@@ -127,10 +127,11 @@ class TestAllReduce:
     def test_steps_take_the_lane_unless_told_dask_comms_only(self, mirrored2):
         from conftest import make_strategy
 
-        assert mirrored2._group._lanes is not None
-        assert make_strategy("mirrored-3-tcp")._group._lanes is None
+        assert mirrored2._group.steps.kind == "lane"
+        assert make_strategy("mirrored-3-tcp")._group.steps.kind == "actor"
 
     def test_the_lane_serves_only_the_token_holder(self):
+        from labdist.cluster.lane import LaneClient
         from labdist.worker import lane
 
         handled = []
@@ -146,7 +147,7 @@ class TestAllReduce:
                 except ConnectionResetError:  # closed with our request unread: also dropped
                     dropped = True
                 assert dropped
-            client = lane.LaneClient(server.address, server.token, timeout=5)
+            client = LaneClient(server.address, server.token, timeout=5)
             client.send(lane.dumps(("run", 2)))
             assert client.receive() == "ok"
             client.close()

@@ -15,7 +15,7 @@ import threading
 import uuid
 from typing import Any
 
-from labdist.cluster.local import connect, start_local_cluster
+from labdist.cluster.actor_group import ActorGroup
 from labdist.errors import ParameterServerLostError
 from labdist.worker import actor_call as remote
 from labdist.worker.ps.store import ParameterStore
@@ -24,25 +24,27 @@ from labdist.worker.ps.worker import ParameterServerWorker
 POLL_S = 0.25  # how often a waiting call checks whether its parameter server is gone
 
 
-class ParameterServerGroup:
+class ParameterServerGroup(ActorGroup):
     num_replicas = 1  # one copy of every variable, on its parameter server
 
     def __init__(self, cluster: Any, num_workers: int | None, num_ps: int,
                  connect_timeout: float, security: Any = None):
-        self._owned_cluster = None
-        self._owns_client = False
-        self._closed = False
-        self._futures: list = []
+        super().__init__()
+        self.id = uuid.uuid4().hex
+        self.ps_addresses: list[str] = []
+        self.worker_addresses: list[str] = []
+        self._store_keys: list[str] = []
+        self._store_futures: list = []
+        self._worker_keys: list[str] = []
+        self._worker_futures: list = []
         self._lock = threading.Lock()
         self.placement: dict[int, int] = {}
         self.placement_version = 0
         self._sent: dict[int, int] = {}
         self._next_shard = 0
         self.bounded = False
-        if cluster is None:
-            self._owned_cluster = cluster = start_local_cluster((num_workers or 2) + num_ps)
         try:
-            self.client, self._owns_client = connect(cluster, connect_timeout, security)
+            self._connect(cluster, (num_workers or 2) + num_ps, connect_timeout, security)
             self.ps_addresses, self.worker_addresses = self._place(
                 num_workers, num_ps, connect_timeout)
         except BaseException:
@@ -57,21 +59,13 @@ class ParameterServerGroup:
     def num_ps(self) -> int:
         return len(self.ps_addresses)
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self.client.loop.asyncio_loop
-
-    @property
-    def dashboard_link(self) -> str | None:
-        return self.client.dashboard_link if self._owned_cluster is not None else None
-
     def _place(self, num_workers: int | None, num_ps: int, timeout: float):
         """(PS addresses, worker addresses): PSs on workers of their own when there are
         enough, else sharing workers round-robin."""
         need = (num_workers or 1) + (num_ps if self._owned_cluster is not None else 0)
         with contextlib.suppress(TimeoutError, OSError):
             self.client.wait_for_workers(need, timeout=timeout)
-        present = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        present = self.present_workers()
         if num_workers is not None and len(present) < num_workers:
             raise ValueError(f"num_workers={num_workers} but the cluster has {len(present)} "
                              f"worker(s) after waiting {timeout:g} s; start more workers or "
@@ -84,25 +78,19 @@ class ParameterServerGroup:
 
     def start(self, settings: dict) -> None:
         """Start the parameter servers, then the workers (which need to know where they are)."""
-        self.id = uuid.uuid4().hex
         self.bounded = settings["staleness_bound"] is not None
         try:
-            self._store_keys = [f"labdist-ps-{self.id}-{i}" for i in range(self.num_ps)]
-            self._store_futures = [
-                self.client.submit(ParameterStore, i, settings, actor=True, workers=[addr],
-                                   allow_other_workers=False, pure=False, key=key)
-                for i, (addr, key) in enumerate(zip(self.ps_addresses, self._store_keys,
-                                                    strict=True))]
+            for i, addr in enumerate(self.ps_addresses):
+                key = f"labdist-ps-{self.id}-{i}"
+                self._store_futures.append(
+                    self._start_actor(ParameterStore, addr, key, i, settings))
+                self._store_keys.append(key)
             stores = list(zip(self.ps_addresses, self._store_keys, strict=True))
-            self._worker_keys = [f"labdist-psworker-{self.id}-{w}"
-                                 for w in range(self.num_workers)]
-            self._worker_futures = [
-                self.client.submit(ParameterServerWorker, w, self.num_workers, stores, settings,
-                                   actor=True, workers=[addr], allow_other_workers=False,
-                                   pure=False, key=key)
-                for w, (addr, key) in enumerate(zip(self.worker_addresses, self._worker_keys,
-                                                    strict=True))]
-            self._futures = self._store_futures + self._worker_futures
+            for w, addr in enumerate(self.worker_addresses):
+                key = f"labdist-psworker-{self.id}-{w}"
+                self._worker_futures.append(self._start_actor(
+                    ParameterServerWorker, addr, key, w, self.num_workers, stores, settings))
+                self._worker_keys.append(key)
             self.client.gather(self._futures)
         except BaseException:
             self.close()
@@ -110,13 +98,13 @@ class ParameterServerGroup:
 
     # -- lost actors ----------------------------------------------------------------------------
     def store_lost(self, i: int) -> bool:
-        return self._store_futures[i].status not in ("finished", "pending")
+        return self.gone(self._store_futures[i])
 
     def lost_store(self) -> int | None:
         return next((i for i in range(self.num_ps) if self.store_lost(i)), None)
 
     def worker_lost(self, w: int) -> bool:
-        return self._worker_futures[w].status not in ("finished", "pending")
+        return self.gone(self._worker_futures[w])
 
     def ps_lost_error(self, i: int | None, detail: str = "its worker left the cluster"
                       ) -> ParameterServerLostError:
@@ -233,23 +221,8 @@ class ParameterServerGroup:
     def lost_replicas(self) -> list[int]:
         return []  # the one "replica" is the PSs' copy: a lost PS raises instead
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        client = getattr(self, "client", None)
-        if client is not None and self._futures:
-            for i in range(len(getattr(self, "_store_keys", []))):
-                with contextlib.suppress(Exception):
-                    if not self.store_lost(i):
-                        self.store_call(i, "close")
+    def _close_actors(self) -> None:
+        for i in range(len(self._store_futures)):
             with contextlib.suppress(Exception):
-                client.cancel(self._futures)
-        self._futures = []
-        if client is not None and self._owns_client:
-            with contextlib.suppress(Exception):
-                client.close()
-        if self._owned_cluster is not None:
-            with contextlib.suppress(Exception):
-                self._owned_cluster.close()
-            self._owned_cluster = None
+                if not self.store_lost(i):
+                    self.store_call(i, "close")

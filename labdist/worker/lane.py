@@ -1,5 +1,6 @@
 """The driver's fast lane to a replica: one plain socket per replica for `strategy.run`'s
-step requests and events, served by a thread of the Replica actor.
+step requests and events, served by a thread of the Replica actor: `LaneServer` here, with the
+framing both ends use; the driver's end is in cluster/lane.py.
 
 A Dask actor call costs the driver a hop into the client's event loop and the worker a hop
 through its own, for each replica. The lane is a blocking socket from the thread that calls
@@ -107,25 +108,3 @@ class LaneServer:
         with contextlib.suppress(OSError):
             self._listener.close()
 
-
-class LaneClient:
-    """The driver's end of one replica's lane (used by one thread at a time)."""
-
-    def __init__(self, address: tuple[str, int], token: str, timeout: float):
-        self.sock = socket.create_connection(tuple(address), timeout=timeout)
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_message(self.sock, token.encode())
-
-    def send(self, payload: bytes) -> None:
-        send_message(self.sock, payload)
-
-    def receive(self) -> Any:
-        body = recv_message(self.sock)
-        if body is None:
-            raise ConnectionError("the replica's lane closed")
-        return pickle.loads(body)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()

@@ -26,6 +26,7 @@ from labdist.backend import Backend, get_backend
 from labdist.errors import PeerAbortedError
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
+from labdist.worker.lane import LaneServer
 
 
 @dataclass
@@ -194,6 +195,8 @@ class Replica:
         self.core = ReplicaCore(rank, len(peers), backend, comm)
         self._fn_bytes: bytes | None = None
         self._fn = None
+        self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
+        self._lane: LaneServer | None = None  # the driver's fast lane, once opened
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
@@ -211,50 +214,64 @@ class Replica:
     async def write(self, var_id: int, mode: str, host, want: bool):
         return self.core.write(var_id, mode, host, want)
 
+    # -- steps: one handler, reached by actor calls (run, resume) or by the lane --------------
     async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> StepEvent:
-        fn = self._load(fn_bytes)
-        mailbox = getattr(self.core.comm, "mailbox", None)
-        if mailbox is not None:
-            mailbox.start_run(run_id)
-        return await self._next_event(self.core.start(run_id, fn, args, kwargs))
+        return await self._reply(self._step(("run", run_id, fn_bytes, args, kwargs)))
 
     async def resume(self, value: Any = None, error: BaseException | None = None) -> StepEvent:
-        return await self._next_event(self.core.resume(value, error))
+        return await self._reply(self._step(("resume", value, error)))
+
+    async def _reply(self, next_event: Future) -> StepEvent:
+        """The step's next event, made safe to send (on the event loop)."""
+        event = await asyncio.wrap_future(next_event)
+        while (next_event := self._refuse_unsendable(event)) is not None:
+            event = await asyncio.wrap_future(next_event)
+        return _finish(event)
+
+    def _lane_request(self, raw: bytes) -> StepEvent:
+        """The same for a request that came by the lane (on the lane's thread)."""
+        event = self._step(raw).result()
+        while (next_event := self._refuse_unsendable(event)) is not None:
+            event = next_event.result()
+        return _finish(event)
+
+    def _step(self, request: tuple | bytes) -> Future:
+        """Start ("run", run_id, fn_bytes, args, kwargs) or resume ("resume", value, error) a
+        step (a request from the lane is still pickled); the future of its next event, which
+        is an error event when that fails (e.g. arguments this worker cannot import)."""
+        try:
+            if isinstance(request, bytes):
+                request = pickle.loads(request)
+            if request[0] == "run":
+                _, run_id, fn_bytes, args, kwargs = request
+                mailbox = getattr(self.core.comm, "mailbox", None)
+                if mailbox is not None:  # the mailbox belongs to the event loop
+                    self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
+                return self.core.start(run_id, self._load(fn_bytes), args, kwargs)
+            _, value, error = request
+            return self.core.resume(value, error)
+        except Exception as e:
+            failed = Future()
+            failed.set_result(StepEvent("error", 0, error=picklable_error(e),
+                                        remote_traceback=traceback.format_exc()))
+            return failed
+
+    def _refuse_unsendable(self, event: StepEvent) -> Future | None:
+        """A merge request whose arguments cannot travel fails the step waiting in it: the
+        future of the step's next event then, else None."""
+        error = _unsendable(event)
+        return None if error is None else self.core.resume(error=error)
 
     async def lane_open(self) -> tuple[tuple[str, int], str] | None:
         """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
         from distributed import get_worker
         from distributed.comm import get_address_host, parse_address
 
-        from labdist.worker.lane import LaneServer
-
         worker = get_worker()
         if parse_address(worker.address)[0] != "tcp":
             return None
-        self._loop = worker.loop.asyncio_loop
         self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
         return self._lane.address, self._lane.token
-
-    def _lane_request(self, raw: bytes) -> StepEvent:
-        """A run or resume that came by the lane (on the lane's thread)."""
-        try:
-            request = pickle.loads(raw)
-            if request[0] == "run":
-                _, run_id, fn_bytes, args, kwargs = request
-                mailbox = getattr(self.core.comm, "mailbox", None)
-                if mailbox is not None:
-                    self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
-                future = self.core.start(run_id, self._load(fn_bytes), args, kwargs)
-            else:
-                _, value, error = request
-                future = self.core.resume(value, error)
-        except Exception as e:  # e.g. arguments this worker cannot import: the driver's error
-            return StepEvent("error", 0, error=picklable_error(e),
-                             remote_traceback=traceback.format_exc())
-        event = future.result()
-        while (error := _unsendable(event)) is not None:
-            event = self.core.resume(error=error).result()
-        return _finish(event)
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = getattr(self.core.comm, "mailbox", None)
@@ -313,9 +330,9 @@ class Replica:
         if channel is not None:
             self.core.comm.nccl = None
             channel.close()
-        lane = getattr(self, "_lane", None)
-        if lane is not None:
-            lane.close()
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         self.core.stop()
         from distributed import get_worker
 
@@ -329,13 +346,6 @@ class Replica:
 
             self._fn, self._fn_bytes = cloudpickle.loads(fn_bytes), fn_bytes
         return self._fn
-
-    async def _next_event(self, future: Future) -> StepEvent:
-        """The step's next event, made safe to send to the driver."""
-        event = await asyncio.wrap_future(future)
-        while (error := _unsendable(event)) is not None:
-            event = await asyncio.wrap_future(self.core.resume(error=error))
-        return _finish(event)
 
 
 def _unsendable(event: StepEvent) -> BaseException | None:

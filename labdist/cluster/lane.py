@@ -1,0 +1,110 @@
+"""The driver's end of the fast lane (the replica's end and the framing are in worker/lane.py):
+one plain socket per replica carrying `strategy.run`'s step requests and events straight from
+the calling thread, with no event loop in between."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import selectors
+import socket
+from typing import Any
+
+from labdist.cluster.step_channel import Replicas, StepChannel
+from labdist.worker.actor_call import unsendable
+from labdist.worker.lane import dumps, recv_message, send_message
+from labdist.worker.replica import StepEvent
+
+
+class LaneClient:
+    """The driver's end of one replica's lane (used by one thread at a time)."""
+
+    def __init__(self, address: tuple[str, int], token: str, timeout: float):
+        self.sock = socket.create_connection(tuple(address), timeout=timeout)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_message(self.sock, token.encode())
+
+    def send(self, payload: bytes) -> None:
+        send_message(self.sock, payload)
+
+    def receive(self) -> Any:
+        body = recv_message(self.sock)
+        if body is None:
+            raise ConnectionError("the replica's lane closed")
+        return pickle.loads(body)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def connect_lanes(ends: list[tuple[tuple[str, int], str] | None],
+                  timeout: float) -> list[LaneClient] | None:
+    """A lane to each replica from what its `Replica.lane_open` returned; None when any
+    replica has none (Dask's comms use TLS) or cannot be reached."""
+    if None in ends:
+        return None
+    lanes: list[LaneClient] = []
+    try:
+        for address, token in ends:
+            lanes.append(LaneClient(address, token, timeout))
+    except OSError:
+        for lane in lanes:
+            lane.close()
+        return None
+    return lanes
+
+
+class LaneStepChannel(StepChannel):
+    """Steps over the lanes: the calling thread writes each replica's request, then waits for
+    the events on a selector."""
+
+    kind = "lane"
+
+    def __init__(self, replicas: Replicas, lanes: list[LaneClient]):
+        super().__init__(replicas)
+        self._lanes = lanes
+
+    def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
+        payloads = []
+        for r, args in zip(ranks, args_per_rank, strict=True):
+            try:
+                payloads.append(dumps((method, *args)))
+            except Exception as e:
+                raise unsendable(method, self._replicas.where(r), e) from None
+        selector = selectors.DefaultSelector()
+        try:
+            for r, payload in zip(ranks, payloads, strict=True):
+                lane = self._lanes[r]
+                try:
+                    lane.send(payload)
+                    selector.register(lane.sock, selectors.EVENT_READ, r)
+                except OSError as e:
+                    events[r] = StepEvent("error", 0,
+                                          error=self._replicas.lost_error(r, repr(e)))
+        except BaseException:
+            selector.close()
+            raise
+        return selector
+
+    def _wait(self, pending, events, timeout, first) -> bool:
+        ready = pending.select(timeout)
+        for key, _ in ready:
+            r = key.data
+            pending.unregister(key.fileobj)
+            try:
+                events[r] = self._lanes[r].receive()
+            except (OSError, EOFError) as e:
+                events[r] = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+        return not ready
+
+    def _drop(self, pending, rank) -> None:
+        pending.unregister(self._lanes[rank].sock)
+
+    def _end(self, pending) -> None:
+        pending.close()
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.close()
