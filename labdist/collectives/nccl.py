@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from labdist.aggregation import Aggregation
+
 # numpy dtype -> the name of NCCL's data type constant in cupy.cuda.nccl
 DTYPES = {
     "int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32",
@@ -35,15 +37,12 @@ def unique_id() -> tuple | None:
     return None if nccl is None else nccl.get_unique_id()
 
 
-def supports(arrays: list[Any], op: str) -> bool:
-    """Whether NCCL can do this all-reduce as labdist defines it (same result dtypes as the host
-    path: the MEAN of integers is float64 there, so integer MEANs go through the host)."""
-    if op not in ("sum", "mean", "first") or not arrays:
+def supports(arrays: list[Any], agg: Aggregation) -> bool:
+    """Whether NCCL can do this all-reduce as labdist defines it (the host path's result
+    dtypes: integer MEANs, float64 there, stay on the host; so do dtypes NCCL lacks)."""
+    if not arrays:
         return False
-    names = [np.dtype(a.dtype).name for a in arrays]
-    if any(n not in DTYPES for n in names):
-        return False
-    return op != "mean" or all(n.startswith("float") for n in names)
+    return all(np.dtype(a.dtype).name in DTYPES and agg.nccl_can(a.dtype) for a in arrays)
 
 
 class NcclChannel:
@@ -56,7 +55,7 @@ class NcclChannel:
         self.world, self.rank = world, rank
         self.comm = self._nccl.NcclCommunicator(world, uid, rank)  # blocks until all join
 
-    def all_reduce(self, xp, arrays: list[Any], op: str) -> list[Any]:
+    def all_reduce(self, xp, arrays: list[Any], agg: Aggregation) -> list[Any]:
         """Reduce `arrays` (cupy, the same specs on every rank) with one NCCL call per dtype."""
         out: list[Any] = [None] * len(arrays)
         by_dtype: dict[str, list[int]] = {}
@@ -66,13 +65,13 @@ class NcclChannel:
         for name, idx in by_dtype.items():
             flat = xp.concatenate([xp.ravel(arrays[i]) for i in idx])  # a fresh buffer
             dtype = getattr(self._nccl, DTYPES[name])
-            if op == "first":
+            if agg.first_only:
                 self.comm.bcast(flat.data.ptr, flat.size, dtype, 0, stream.ptr)
             else:
                 self.comm.allReduce(flat.data.ptr, flat.data.ptr, flat.size, dtype,
-                                    self._nccl.NCCL_SUM, stream.ptr)
+                                    getattr(self._nccl, agg.nccl_op), stream.ptr)
             stream.synchronize()
-            if op == "mean":
+            if agg.divides:
                 flat /= self.world
             start = 0
             for i in idx:
