@@ -1,4 +1,5 @@
-"""Collective algorithms over a Communicator.
+"""Collective algorithms over a Communicator: its `exchange` (the host transport) for
+messages, and its device transport (`device_for`) for device arrays it can reduce.
 
 Small all-reduces are *direct*: every replica sends its (host) arrays to every peer and reduces
 all of them in rank order. Large ones reduce-scatter then all-gather: each rank reduces one
@@ -16,7 +17,6 @@ import numpy as np
 
 from labdist import aggregation
 from labdist.aggregation import Aggregation
-from labdist.collectives.nccl import supports
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.errors import CollectiveMismatchError
 
@@ -66,11 +66,11 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: Op, backend) ->
     if not agg.reduces:
         allowed = ", ".join(name for name, row in aggregation.TABLE.items() if row.reduces)
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {allowed}")
-    channel = getattr(comm, "nccl", None)
-    if channel is not None and backend.name == "cupy" and supports(arrays, agg):
-        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then NCCL
+    device = comm.device_for(backend, arrays, agg)
+    if device is not None:
+        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then send
         check_signatures([s for s, _ in got], kind)
-        return channel.all_reduce(backend.xp, arrays, agg)
+        return device.all_reduce(backend.xp, arrays, agg)
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
     if (comm.world > 1 and not agg.first_only

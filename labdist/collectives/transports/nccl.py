@@ -1,18 +1,19 @@
-"""NCCL all-reduce between GPU replicas, through `cupy.cuda.nccl`.
+"""NCCL all-reduce between GPU replicas, through `cupy.cuda.nccl`: the device transport.
 
-Bootstrapped as raft-dask does: rank 0 makes the unique id, the driver hands it to every rank at
-once, and each replica's communicator keeps its `NcclChannel`. NCCL itself cannot tell that two
-replicas disagree about a collective (it would reduce garbage or hang), so the host communicator
-first exchanges the call's signature; only data moves through NCCL.
+Bootstrapped as raft-dask does: every rank's probe is a unique id, the driver hands rank 0's to
+every rank at once, and each joins the NCCL communicator. NCCL itself cannot tell that two
+replicas disagree about a collective (it would reduce garbage or hang), so the host transport
+first exchanges the call's signature (collectives/algorithms.py); only data moves through NCCL.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from labdist.aggregation import Aggregation
+from labdist.collectives.transports.base import DEVICE, Endpoint
 
 # numpy dtype -> the name of NCCL's data type constant in cupy.cuda.nccl
 DTYPES = {
@@ -31,12 +32,6 @@ def nccl_module():
     return nccl if getattr(nccl, "available", True) else None
 
 
-def unique_id() -> tuple | None:
-    """A fresh NCCL unique id (made on rank 0), or None without NCCL."""
-    nccl = nccl_module()
-    return None if nccl is None else nccl.get_unique_id()
-
-
 def supports(arrays: list[Any], agg: Aggregation) -> bool:
     """Whether NCCL can do this all-reduce as labdist defines it (the host path's result
     dtypes: integer MEANs, float64 there, stay on the host; so do dtypes NCCL lacks)."""
@@ -45,15 +40,33 @@ def supports(arrays: list[Any], agg: Aggregation) -> bool:
     return all(np.dtype(a.dtype).name in DTYPES and agg.nccl_can(a.dtype) for a in arrays)
 
 
-class NcclChannel:
+class NcclTransport:
     """One rank's NCCL communicator; `all_reduce` runs on the replica's step thread."""
 
-    def __init__(self, world: int, uid: tuple, rank: int):
+    name: ClassVar[str] = "nccl"
+    layer: ClassVar[str] = DEVICE
+    requirement: ClassVar[str] = "every replica on a GPU with NCCL (cupy.cuda.nccl)"
+    alone: ClassVar[bool] = False
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
         self._nccl = nccl_module()
-        if self._nccl is None:
-            raise RuntimeError("NCCL is not available in this worker (cupy.cuda.nccl)")
-        self.world, self.rank = world, rank
-        self.comm = self._nccl.NcclCommunicator(world, uid, rank)  # blocks until all join
+        self.comm = None
+
+    def probe(self) -> tuple | None:
+        """A fresh NCCL unique id (rank 0's is used) where this replica computes on a GPU."""
+        if self.endpoint.device != "cupy" or self._nccl is None:
+            return None
+        return self._nccl.get_unique_id()
+
+    def connect(self, probes: list[Any]) -> bool:
+        """Join rank 0's communicator: blocks until every rank does (called on all at once)."""
+        ep = self.endpoint
+        self.comm = self._nccl.NcclCommunicator(ep.world, probes[0], ep.rank)
+        return True
+
+    def supports(self, backend, arrays: list[Any], agg: Aggregation) -> bool:
+        return backend.name == "cupy" and supports(arrays, agg)
 
     def all_reduce(self, xp, arrays: list[Any], agg: Aggregation) -> list[Any]:
         """Reduce `arrays` (cupy, the same specs on every rank) with one NCCL call per dtype."""
@@ -72,7 +85,7 @@ class NcclChannel:
                                     getattr(self._nccl, agg.nccl_op), stream.ptr)
             stream.synchronize()
             if agg.divides:
-                flat /= self.world
+                flat /= self.endpoint.world
             start = 0
             for i in idx:
                 size = arrays[i].size
@@ -81,4 +94,6 @@ class NcclChannel:
         return out
 
     def close(self) -> None:
-        self.comm.destroy()
+        if self.comm is not None:
+            self.comm.destroy()
+            self.comm = None
