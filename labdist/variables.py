@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from labdist import aggregation as table
 from labdist import context
-from labdist.collectives.algorithms import combine
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.worker import context as worker_context
@@ -24,7 +24,6 @@ Sync = VariableSynchronization
 Agg = VariableAggregation
 _ids = itertools.count(1)
 _MODES = ("assign", "assign_add", "assign_sub")
-_AGG_OP = {Agg.SUM: "sum", Agg.MEAN: "mean", Agg.ONLY_FIRST_REPLICA: "first"}
 _CONSTANTS = (bool, int, float, complex, list, tuple)  # the same Python value on every replica
 
 
@@ -48,11 +47,12 @@ class Variable(NDArrayOperatorsMixin):
         sync = Sync.parse(synchronization, "synchronization")
         agg = Agg.parse(aggregation, "aggregation")
         host = _initial_host(initial_value, dtype)
-        if agg is Agg.MEAN and host.dtype.kind in "iub":
+        if not table.of(agg).keeps_dtype(host.dtype):
+            combined = table.of(agg).result_dtype(host.dtype).name
             raise ValueError(
-                f"Variable {name or 'Variable'!r}: aggregation=MEAN is not allowed for dtype "
-                f"{host.dtype.name} (the mean of integers is not an integer); use a float dtype "
-                "or aggregation SUM / ONLY_FIRST_REPLICA"
+                f"Variable {name or 'Variable'!r}: aggregation={agg.name} is not allowed for "
+                f"dtype {host.dtype.name} (it combines copies into {combined}); use a float "
+                "dtype or another aggregation (SUM, ONLY_FIRST_REPLICA)"
             )
         if trainable is None:
             trainable = sync is not Sync.ON_READ
@@ -172,7 +172,7 @@ class Variable(NDArrayOperatorsMixin):
             delta = self._reduce_constant(value, arr, world)
         else:
             what = f"Variable {self._name!r}.{mode} (aggregation {agg.name})"
-            delta = ctx.reduce_arrays(what, [arr], _AGG_OP[agg])[0]
+            delta = ctx.reduce_arrays(what, [arr], agg)[0]
         _apply(local, mode, delta)
         if (sync is Sync.ON_WRITE and agg is Agg.NONE and ctx.mode == "replica" and world > 1
                 and not ctx.is_diverged(self)):
@@ -223,7 +223,7 @@ class Variable(NDArrayOperatorsMixin):
                 "value; read it inside strategy.run, or use experimental_local_results(v)"
             )
         copies = strategy._read_variable(self._id, range(strategy.num_replicas_in_sync))
-        return combine(_AGG_OP[agg], copies)
+        return table.of(agg).combine(copies)
 
     def _cross_update(self, mode: str, value: Any) -> Any:
         strategy = context.lookup(self._strategy_id)
@@ -248,7 +248,7 @@ class Variable(NDArrayOperatorsMixin):
             return arr * n if (sync is Sync.ON_READ and agg is Agg.SUM) else arr.copy()
         want = [0] if (sync is Sync.ON_WRITE or agg is Agg.ONLY_FIRST_REPLICA) else range(n)
         copies = strategy._write_variable(self._id, mode, arr, want=want)
-        return copies[0] if len(copies) == 1 else combine(_AGG_OP[agg], copies)
+        return copies[0] if len(copies) == 1 else table.of(agg).combine(copies)
 
     # -- validation ---------------------------------------------------------------------------
     def _prepare(self, value: Any, backend, mode: str, on_device: bool) -> tuple[Any, bool]:

@@ -397,8 +397,14 @@ def test_multi_worker_training_on_the_cli_cluster(external, communication):
 
 
 def test_multi_worker_bad_communication():
+    """transport= is the knob; communication= (TF's older spelling) maps onto it. Errors name
+    the parameter actually passed, the value and what is allowed."""
     with pytest.raises(ValueError, match="communication='mpi'.*auto, ring, nccl"):
         ld.MultiWorkerMirroredStrategy(communication="mpi")
+    with pytest.raises(ValueError, match="transport='ring'.*auto, shm, tcp, nccl"):
+        ld.MultiWorkerMirroredStrategy(transport="ring")
+    with pytest.raises(ValueError, match="communication='ring' and transport='tcp'.*only"):
+        ld.MultiWorkerMirroredStrategy(communication="ring", transport="tcp")
 
 
 @pytest.mark.cluster
@@ -408,6 +414,9 @@ def test_nccl_on_host_replicas_is_refused_naming_them(external):
     with pytest.raises(ValueError, match=r"communication='nccl' needs every replica on a GPU"
                                          r".*tcp://127\.0\.0\.1:\d+"):
         ld.MultiWorkerMirroredStrategy(cluster=external.address, communication="nccl",
+                                       device="cpu", connect_timeout=20)
+    with pytest.raises(ValueError, match=r"transport='nccl' needs every replica on a GPU"):
+        ld.MultiWorkerMirroredStrategy(cluster=external.address, transport="nccl",
                                        device="cpu", connect_timeout=20)
     with ld.MultiWorkerMirroredStrategy(cluster=external.address, device="cpu",
                                         connect_timeout=20) as strategy:

@@ -121,7 +121,7 @@ class TestAllReduce:
 
         assert mirrored2.transport == ("shm" if os.path.isdir("/dev/shm") else "tcp")
         assert make_strategy("mirrored-3-tcp").transport == "tcp"
-        with pytest.raises(ValueError, match="transport='ipc'.*auto, shm, tcp"):
+        with pytest.raises(ValueError, match="transport='ipc'.*auto, shm, tcp, nccl"):
             ld.MirroredStrategy(num_replicas=2, transport="ipc")
 
     def test_steps_take_the_lane_unless_told_dask_comms_only(self, mirrored2):
@@ -419,11 +419,13 @@ class TestRun:
 def test_nccl_takes_only_what_it_reduces_like_the_host_path():
     """The NCCL path must give the host path's result dtypes: integer MEANs (float64 on the
     host) and dtypes NCCL lacks (bool, complex) stay on the host path."""
-    from labdist.collectives.nccl import supports
+    from labdist.aggregation import of
+    from labdist.collectives.transports.nccl import supports
 
     f32, i32 = np.zeros(3, np.float32), np.zeros(3, np.int32)
-    assert supports([f32, i32], "sum") and supports([f32], "mean") and supports([i32], "first")
-    assert not supports([i32], "mean")
-    assert not supports([np.zeros(2, bool)], "sum")
-    assert not supports([np.zeros(2, np.complex64)], "sum")
-    assert not supports([], "sum") and not supports([f32], "max")
+    total, mean, first = of("SUM"), of("MEAN"), of("ONLY_FIRST_REPLICA")
+    assert supports([f32, i32], total) and supports([f32], mean) and supports([i32], first)
+    assert not supports([i32], mean)
+    assert not supports([np.zeros(2, bool)], total)
+    assert not supports([np.zeros(2, np.complex64)], total)
+    assert not supports([], total) and not supports([f32], of("NONE"))

@@ -56,7 +56,7 @@ def test_all_reduce_on_device(gpu_strategy):
 def two_gpus():
     if gpu_count() < 2:
         pytest.skip("NCCL between replicas needs 2 GPUs")
-    with ld.MultiWorkerMirroredStrategy(communication="nccl", num_replicas=2,
+    with ld.MultiWorkerMirroredStrategy(transport="nccl", num_replicas=2,
                                         device="gpu") as s:
         yield s
 

@@ -13,6 +13,7 @@ from labdist.backend import gpu_count
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
+from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.errors import ReplicaLostError
 from labdist.worker import actor_call as remote
@@ -24,14 +25,15 @@ class DaskReplicaGroup(ActorGroup):
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
                  collective_timeout: float, connect_timeout: float, security: Any = None,
-                 transport: str = "auto", device_collectives: str = "auto"):
+                 transport: str = "auto", knob: tuple[str, str] | None = None):
         super().__init__()
-        self._settings = (device, collective_timeout, connect_timeout, security, transport,
-                          device_collectives)
+        self._settings = (device, collective_timeout, connect_timeout, security, transport, knob)
         self.group = uuid.uuid4().hex
         self.workers: list[str] = []
         self._keys: list[str] = []  # the replicas' actor keys, once every one has started
         self.infos: list[dict] = []
+        self.transport: str = registry.FALLBACK  # the host transport collectives use
+        self.device_transport: str | None = None  # e.g. "nccl", for device replicas' data
         self.steps: StepChannel | None = None
         try:
             self._connect(cluster, num_replicas or (gpu_count() or 2), connect_timeout,
@@ -45,46 +47,46 @@ class DaskReplicaGroup(ActorGroup):
             self.client.gather(futures)
             self._keys = [f.key for f in futures]
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
-            self.transport = self._choose_transport(transport)
-            self.nccl = self._setup_nccl(device_collectives)
+            self.transport, self.device_transport = self._choose_transports(
+                transport, knob or ("transport", transport))
             self.steps = self._step_channel(transport, connect_timeout)
         except BaseException:
             self.close()  # stop whatever replicas started, release what we own
             raise
 
-    def _choose_transport(self, transport: str) -> str:
-        """Shared memory when every replica can map every other's area (one host), else
-        Dask comms (TCP, or UCX where Dask is configured for it)."""
+    def _choose_transports(self, knob: str, spelled: tuple[str, str]) -> tuple[str, str | None]:
+        """For each layer, the first of the registry's candidates (collectives/registry.py)
+        that every replica can open and reach every other with: (host, device or None).
+        `spelled` is (parameter, value) as the user passed the knob, for errors."""
         n = len(self.workers)
-        if transport == "tcp" or n == 1:
-            return "tcp"
-        probes = self._sync(self._all, "shm_probe", [()] * n)
-        ok = None not in probes and all(
-            self._sync(self._all, "shm_reachable", [(probes,)] * n))
-        self._sync(self._all, "shm_use", [(ok,)] * n)
-        if transport == "shm" and not ok:
-            raise ValueError(
-                "transport='shm' needs every replica on one host with a shared /dev/shm; "
-                "use transport='auto' or 'tcp'")
-        return "shm" if ok else "tcp"
+        if n == 1:
+            return registry.FALLBACK, None
+        chosen: dict[str, str | None] = {}
+        for layer in registry.LAYERS:
+            chosen[layer] = None
+            for name in registry.candidates(knob, layer):
+                failed = self._unreachable(name)
+                if not failed:
+                    chosen[layer] = name
+                    break
+                if registry.required(knob, layer):
+                    parameter, value = spelled
+                    raise ValueError(
+                        f"{parameter}={value!r} needs {registry.TRANSPORTS[name].requirement}; "
+                        f"these are not: {', '.join(self.workers[r] for r in failed)}. Use "
+                        f"{parameter}='auto', which uses {name} only where every replica can")
+        self._sync(self._all, "transport_use", [([c for c in chosen.values() if c],)] * n)
+        return chosen[registry.HOST], chosen[registry.DEVICE]
 
-    def _setup_nccl(self, mode: str) -> bool:
-        """NCCL among GPU replicas ("auto": when every replica can, "nccl": required, "host":
-        never); rank 0's unique id goes to every rank at once, as raft-dask bootstraps it."""
+    def _unreachable(self, name: str) -> list[int]:
+        """The ranks that cannot use transport `name` (cannot open it, or reach every peer)."""
         n = len(self.workers)
-        if mode == "host" or n == 1:
-            return False
-        ids = self._sync(self._all, "nccl_id", [()] * n)
-        if None in ids:
-            if mode == "nccl":
-                without = [self.workers[r] for r, uid in enumerate(ids) if uid is None]
-                raise ValueError(
-                    "communication='nccl' needs every replica on a GPU with NCCL "
-                    f"(cupy.cuda.nccl); these are not: {', '.join(without)}. Use "
-                    "communication='auto', which moves host replicas' data through the host")
-            return False
-        self._sync(self._all, "nccl_init", [(ids[0],)] * n)
-        return True
+        probes = self._sync(self._all, "transport_probe", [(name,)] * n)
+        failed = [r for r, p in enumerate(probes) if p is None]
+        if failed:
+            return failed
+        reached = self._sync(self._all, "transport_connect", [(name, probes)] * n)
+        return [r for r, ok in enumerate(reached) if not ok]
 
     def _step_channel(self, transport: str, timeout: float) -> StepChannel:
         """Steps over the fast lane (cluster/lane.py), unless told to use Dask comms only or

@@ -1,4 +1,5 @@
-"""Collective algorithms over a Communicator.
+"""Collective algorithms over a Communicator: its `exchange` (the host transport) for
+messages, and its device transport (`device_for`) for device arrays it can reduce.
 
 Small all-reduces are *direct*: every replica sends its (host) arrays to every peer and reduces
 all of them in rank order. Large ones reduce-scatter then all-gather: each rank reduces one
@@ -14,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from labdist.collectives.nccl import supports
+from labdist import aggregation
+from labdist.aggregation import Aggregation
+from labdist.enums import ReduceOp, VariableAggregation
 from labdist.errors import CollectiveMismatchError
 
-OPS = ("sum", "mean", "first")
+Op = ReduceOp | VariableAggregation
 
 
 def signature(kind: str, arrays: list[Any]) -> tuple:
@@ -52,60 +55,44 @@ def _shapes(shapes: list[tuple]) -> str:
     return str(shapes[0]) if len(shapes) == 1 else str(shapes)
 
 
-def combine(op: str, parts: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-    """Reduce host arrays given in rank order; the same order on every replica.
-
-    With `out` (of the result's dtype), the result is written there instead of a new array.
-    """
-    if op == "first":  # a copy: parts may be views of a peer's shared area
-        return np.array(parts[0], copy=True) if out is None else (np.copyto(out, parts[0]) or out)
-    if len(parts) == 1:
-        acc = np.array(parts[0], copy=True) if out is None else (np.copyto(out, parts[0]) or out)
-    else:  # np.add of 0-d arrays gives a scalar: make it an array we can add into
-        acc = np.asarray(np.add(parts[0], parts[1], out=out))
-    for p in parts[2:]:
-        np.add(acc, p, out=acc)
-    if op == "mean":
-        acc = acc / len(parts) if out is None else np.true_divide(acc, len(parts), out=acc)
-    return acc
-
-
 # Below this many bytes one round (everyone sends everything) beats two rounds of halves.
 DIRECT_MAX_BYTES = 1 << 20
 
 
-def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: str, backend) -> list[Any]:
-    """Reduce each array across replicas with `op` in OPS; returns arrays of `backend`."""
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {', '.join(OPS)}")
-    channel = getattr(comm, "nccl", None)
-    if channel is not None and backend.name == "cupy" and supports(arrays, op):
-        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then NCCL
+def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: Op, backend) -> list[Any]:
+    """Reduce each array across replicas as `op` (a mode that combines values) says; returns
+    arrays of `backend`."""
+    agg = aggregation.of(op)
+    if not agg.reduces:
+        allowed = ", ".join(name for name, row in aggregation.TABLE.items() if row.reduces)
+        raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {allowed}")
+    device = comm.device_for(backend, arrays, agg)
+    if device is not None:
+        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then send
         check_signatures([s for s, _ in got], kind)
-        return channel.all_reduce(backend.xp, arrays, op)
+        return device.all_reduce(backend.xp, arrays, agg)
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
-    if comm.world > 1 and op != "first" and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES:
-        reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, op)
+    if (comm.world > 1 and not agg.first_only
+            and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES):
+        reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, agg)
     else:
         got = comm.exchange(seq, sig, host, kind)
         check_signatures([s for s, _ in got], kind)
-        reduced = [combine(op, [payload[i] for _, payload in got]) for i in range(len(host))]
+        reduced = [agg.combine([payload[i] for _, payload in got]) for i in range(len(host))]
     return [backend.to_device(r) for r in reduced]
 
 
-def _reduce_scatter_all_gather(comm, seq, kind, sig, host, op) -> list[np.ndarray]:
+def _reduce_scatter_all_gather(comm, seq, kind, sig, host, agg: Aggregation
+                               ) -> list[np.ndarray]:
     """Large payloads: rank d reduces segment d of every array (reduce-scatter), then every
     rank gathers all reduced segments. Each rank moves 2 (N-1)/N of the data instead of N-1
     times it, and reduces 1/N of it; every element is still reduced once, in rank order."""
     flats = [np.ascontiguousarray(a).reshape(-1) for a in host]
-    results = []
-    for f in flats:
-        dtype = combine(op, [f[:0]] * comm.world).dtype  # the MEAN of integers is float64
-        results.append(np.empty(f.size, dtype=dtype))
+    results = [np.empty(f.size, dtype=agg.result_dtype(f.dtype)) for f in flats]
 
     def reduce_into(i, lo, hi, parts):
-        combine(op, parts, out=results[i][lo:hi])  # straight into our segment
+        agg.combine(parts, out=results[i][lo:hi])  # straight into our segment
     _segmented(comm, seq, kind, sig, flats, results, reduce_into)
     return [r.reshape(a.shape) for r, a in zip(results, host, strict=True)]
 
@@ -125,13 +112,14 @@ def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: 
     flats = [a.reshape(-1) for a in arrays]
     nbytes = sum(a.nbytes for a in arrays)
     if comm.world == 1 or backend.name != "numpy" or nbytes < DIRECT_MAX_BYTES:
-        for i, summed in enumerate(all_reduce(comm, seq, kind, flats, "sum", backend)):
+        for i, summed in enumerate(all_reduce(comm, seq, kind, flats, ReduceOp.SUM, backend)):
             apply(i, 0, summed.size, summed)
         return False
     outs = [t.reshape(-1) for t in targets]
+    add = aggregation.of(ReduceOp.SUM)
 
     def reduce_into(i, lo, hi, parts):
-        apply(i, lo, hi, combine("sum", parts))
+        apply(i, lo, hi, add.combine(parts))
     _segmented(comm, seq, kind, signature(kind, arrays), flats, outs, reduce_into)
     return True
 

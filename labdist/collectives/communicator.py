@@ -1,27 +1,44 @@
-"""Transports. A Communicator gives a replica one primitive: exchange a message with every peer
-for collective number `seq` and get all of theirs back, in rank order.
+"""A replica's collectives endpoint: the one primitive algorithms need (exchange a message with
+every peer for collective number `seq`, get all of theirs back in rank order) over its host
+transport, plus a device transport for device arrays where the group has one.
 
-`LocalCommunicator` is the single-replica case. `PeerCommunicator` talks to the other workers
-directly over Dask's comms (`worker.rpc`), never through the driver or the scheduler.
+Transports are swapped in (`use`) once the replica group has agreed on them; until then a
+group member talks over Dask comms, which work between any workers.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from distributed.protocol import to_serialize
+from labdist.aggregation import Aggregation
+from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
 
 
 class Communicator:
-    """What algorithms need from a transport."""
+    """What the algorithms and the Replica actor use; transports stay behind it."""
 
-    rank: int = 0
-    world: int = 1
-    timeout: float = 30.0
+    def __init__(self, endpoint: Endpoint, host: HostTransport):
+        self.endpoint = endpoint
+        self.host = host
+        self.device: DeviceTransport | None = None
+        self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
+
+    @classmethod
+    def local(cls) -> Communicator:
+        """A single replica's (OneDeviceStrategy, parameter-server workers): no peers."""
+        return cls(Endpoint("", 0, [""], timeout=30.0), SoloTransport())
+
+    @property
+    def rank(self) -> int:
+        return self.endpoint.rank
+
+    @property
+    def world(self) -> int:
+        return self.endpoint.world
 
     def start_run(self, run: int) -> None:
         """Begin run `run`: later messages are keyed by it."""
+        self.host.start_run(run)
 
     def exchange(self, seq: int, sig: Any, payload: Any, what: str, phase: int = 0,
                  per_peer: bool = False) -> list[tuple[Any, Any]]:
@@ -30,69 +47,46 @@ class Communicator:
         With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
         what comes back from each peer is what it addressed to this rank.
         """
-        raise NotImplementedError
+        return self.host.exchange(seq, phase, sig, payload, what, per_peer)
+
+    def device_for(self, backend, arrays: list[Any], agg: Aggregation) -> DeviceTransport | None:
+        """The device transport, if it can take this all-reduce (else the data goes through
+        the host transport)."""
+        device = self.device
+        return device if device is not None and device.supports(backend, arrays, agg) else None
+
+    def use(self, transport: HostTransport | DeviceTransport) -> None:
+        """Carry this layer's traffic over `transport` from now on."""
+        if transport.layer == HOST:
+            previous, self.host = self.host, transport
+        else:
+            previous, self.device = self.device, transport
+        if previous is not None and previous is not transport:
+            previous.close()
+
+    def close(self) -> None:
+        for transport in (self.host, self.device):
+            if transport is not None:
+                transport.close()
+        self.device = None
 
 
-class LocalCommunicator(Communicator):
-    """One replica: nothing to exchange."""
+class SoloTransport:
+    """The one-replica group: nothing to send, so every exchange returns our own message."""
 
-    def exchange(self, seq, sig, payload, what, phase=0, per_peer=False):
-        return [(sig, payload[0] if per_peer else payload)]
+    name, layer, requirement, alone = "solo", HOST, "one replica", True
 
+    def probe(self) -> int:
+        return 0
 
-class PeerCommunicator(Communicator):
-    """Direct worker-to-worker messages over Dask comms. Called from the replica's step thread."""
-
-    def __init__(self, worker, group: str, rank: int, peers: list[str], timeout: float):
-        from labdist.collectives.plugin import HANDLER, get_plugin
-
-        self.worker = worker
-        self.group = group
-        self.rank = rank
-        self.world = len(peers)
-        self.peers = peers
-        self.timeout = timeout
-        self.mailbox = get_plugin(worker).mailbox(group)
-        self._handler = HANDLER
-        self._loop = worker.loop.asyncio_loop
-        self.run = 0
-        self.shm = None  # a ShmChannel once the replicas know they share this host
-        self.nccl = None  # an NcclChannel when every replica computes on a GPU
+    def connect(self, probes: list[Any]) -> bool:
+        return True
 
     def start_run(self, run: int) -> None:
-        self.run = run  # the Replica actor already cleared the mailbox, on the event loop
-        if self.shm is not None:
-            self.shm.messages = 0
+        pass
 
-    def exchange(self, seq, sig, payload, what, phase=0, per_peer=False):
-        if self.shm is not None:  # same host: through shared memory, no event-loop hops
-            return self.shm.exchange(self, seq, phase, sig, payload, what, per_peer)
-        future = asyncio.run_coroutine_threadsafe(
-            self._exchange(self.run, seq, phase, sig, payload, what, per_peer), self._loop
-        )
-        return future.result()
+    def exchange(self, seq, phase, sig, payload, what, per_peer) -> list[tuple[Any, Any]]:
+        return [(sig, payload[0] if per_peer else payload)]
 
-    async def _exchange(self, run, seq, phase, sig, payload, what, per_peer):
-        others = [r for r in range(self.world) if r != self.rank]
-        shared = None if per_peer else to_serialize(payload)
-        sends = [
-            asyncio.ensure_future(self._send(
-                r, run, seq, phase, sig, to_serialize(payload[r]) if per_peer else shared))
-            for r in others
-        ]
-        try:
-            got = await self.mailbox.collect(run, seq, phase, others, self.timeout, what)
-            await asyncio.gather(*sends)
-        finally:
-            for s in sends:
-                if not s.done():
-                    s.cancel()
-        got[self.rank] = (sig, payload[self.rank] if per_peer else payload)
-        return [got[r] for r in range(self.world)]
-
-    async def _send(self, dst, run, seq, phase, sig, payload):
-        rpc = self.worker.rpc(self.peers[dst])
-        await getattr(rpc, self._handler)(
-            group=self.group, run=run, seq=seq, phase=phase, src=self.rank, sig=sig,
-            payload=payload,
-        )
+    def close(self) -> None:
+        pass

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from labdist.backend import DEVICES
+from labdist.collectives import registry
 from labdist.strategies.base import Strategy
-
-TRANSPORTS = ("auto", "shm", "tcp")
 
 
 class MirroredStrategy(Strategy):
@@ -22,23 +21,23 @@ class MirroredStrategy(Strategy):
     collective_timeout: seconds a replica waits for its peers in one collective.
     connect_timeout: seconds to reach the scheduler and to wait for enough workers.
     transport: "auto" (collectives through shared memory when all replicas share a host,
-        else Dask comms; steps sent over a direct socket lane unless Dask uses TLS), "shm"
-        (require shared memory), or "tcp" (Dask comms only, for collectives and steps).
+        else Dask comms, and GPU replicas' data through NCCL when every replica can; steps
+        sent over a direct socket lane unless Dask uses TLS), "shm" (require shared memory),
+        "tcp" (Dask comms only, for collectives and steps), or "nccl" (require NCCL between
+        GPU replicas). The values come from collectives/registry.py.
     """
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
-                 transport: str = "auto", _device_collectives: str = "auto"):
+                 transport: str = "auto", _knob: tuple[str, str] | None = None):
         if num_replicas is not None and (
                 isinstance(num_replicas, bool) or not isinstance(num_replicas, int)
                 or num_replicas < 1):
             raise ValueError(f"num_replicas={num_replicas!r} must be None or an integer >= 1")
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
-        if transport not in TRANSPORTS:
-            raise ValueError(
-                f"transport={transport!r} is not supported; allowed: {', '.join(TRANSPORTS)}")
+        transport = registry.parse(transport, "transport")
         for name, value in (("collective_timeout", collective_timeout),
                             ("connect_timeout", connect_timeout)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -47,7 +46,7 @@ class MirroredStrategy(Strategy):
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,
-                                          _device_collectives))
+                                          _knob))
 
     @property
     def workers(self) -> list[str]:
@@ -56,13 +55,13 @@ class MirroredStrategy(Strategy):
 
     @property
     def transport(self) -> str:
-        """"shm" or "tcp": how this strategy's large collectives move data."""
+        """"shm" or "tcp": how this strategy's collectives move host data."""
         return self._group.transport
 
     @property
     def uses_nccl(self) -> bool:
         """Whether all-reduces of GPU replicas go through NCCL (else through the host)."""
-        return self._group.nccl
+        return self._group.device_transport == "nccl"
 
     @property
     def client(self):

@@ -5,31 +5,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist.collectives import registry
 from labdist.strategies.mirrored import MirroredStrategy
 
-COMMUNICATIONS = ("auto", "ring", "nccl")
+# TF's older knob: communication= value -> the transport= value it means
+COMMUNICATIONS = {"auto": "auto", "ring": "tcp", "nccl": "nccl"}
 
 
 class MultiWorkerMirroredStrategy(MirroredStrategy):
     """One replica per worker of `cluster` (a scheduler address, a Client or a cluster object).
 
-    communication: "auto" (shared memory among replicas on one host, else Dask comms),
-    "ring" (Dask comms only: reduce-scatter + all-gather between workers), or "nccl" (every
-    replica on a GPU: all-reduce through NCCL; "auto" also picks NCCL when every replica can).
+    transport: as for MirroredStrategy ("auto", "shm", "tcp", "nccl"; default "auto").
+    communication: TF's older spelling of it, accepted instead: "auto", "ring" (= "tcp":
+    Dask comms only, reduce-scatter + all-gather between workers), or "nccl".
     """
 
-    def __init__(self, cluster: Any = None, communication: str = "auto", *,
-                 num_replicas: int | None = None, device: str = "auto",
-                 collective_timeout: float = 30.0, connect_timeout: float = 10.0,
-                 security: Any = None):
-        if communication not in COMMUNICATIONS:
-            raise ValueError(f"communication={communication!r} is not supported; allowed: "
-                             f"{', '.join(COMMUNICATIONS)}")
+    def __init__(self, cluster: Any = None, communication: str | None = None, *,
+                 transport: str | None = None, num_replicas: int | None = None,
+                 device: str = "auto", collective_timeout: float = 30.0,
+                 connect_timeout: float = 10.0, security: Any = None):
+        if communication is not None and transport is not None:
+            raise ValueError(
+                f"communication={communication!r} and transport={transport!r} were both "
+                "passed; pass only transport= (communication= is its older spelling)")
+        if communication is not None:
+            knob = ("communication", communication)
+            transport = registry.parse(communication, "communication", COMMUNICATIONS)
+        else:
+            transport = "auto" if transport is None else transport
+            knob = ("transport", transport)
         super().__init__(num_replicas=num_replicas, cluster=cluster, device=device,
                          collective_timeout=collective_timeout,
                          connect_timeout=connect_timeout, security=security,
-                         transport="tcp" if communication == "ring" else "auto",
-                         _device_collectives={"ring": "host"}.get(communication, communication))
+                         transport=transport, _knob=knob)
         self._fixed_replicas = num_replicas
 
     def refresh(self) -> bool:

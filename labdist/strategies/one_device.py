@@ -7,7 +7,7 @@ from typing import Any
 
 from labdist import context
 from labdist.backend import get_backend
-from labdist.collectives import LocalCommunicator
+from labdist.collectives import Communicator
 from labdist.strategies.base import Strategy
 from labdist.worker.context import ReplicaContext
 from labdist.worker.replica import ReplicaCore
@@ -20,7 +20,7 @@ class LocalReplicaGroup:
 
     def __init__(self, device: str):
         backend = get_backend(device)
-        self.core = ReplicaCore(0, 1, backend, LocalCommunicator(), copy_results=True)
+        self.core = ReplicaCore(0, 1, backend, Communicator.local(), copy_results=True)
 
     def where(self, rank: int) -> str:
         return f"replica {rank} (in-process, {self.core.backend.name})"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
+from labdist import aggregation
 from labdist.enums import ReduceOp
 from labdist.values import PerReplica
 
 
 def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) -> np.ndarray:
+    """Fold the components in replica order with `op`'s row of the aggregation table,
+    promoting dtypes as they meet (components need not share one)."""
+    agg = aggregation.of(op)
     arrays = [np.asarray(c) for c in components]
     if axis is None:
         shapes = [a.shape for a in arrays]
@@ -20,23 +25,20 @@ def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) ->
                 f"strategy.reduce(axis=None) needs equal shapes across replicas, but {listed}; "
                 "pass axis=k to reduce along a dimension first"
             )
-        total = arrays[0].copy() if len(arrays) == 1 else np.add(arrays[0], arrays[1])
-        for a in arrays[2:]:
-            total = np.add(total, a)
-        return total / len(arrays) if op is ReduceOp.MEAN else total
+        total = arrays[0].copy() if len(arrays) == 1 else functools.reduce(agg.fold, arrays)
+        return agg.finish(total, len(arrays))
     for r, a in enumerate(arrays):
         _check_axis(axis, a, f"replica {r}'s value")
-    total = _sum_components([a.sum(axis=axis) for a in arrays])
-    if op is ReduceOp.SUM:
-        return total
-    count = sum(a.shape[axis] for a in arrays)
-    return total / count  # the mean over every element of every replica along `axis`
+    total = _fold_components(agg, [agg.fold.reduce(a, axis=axis) for a in arrays])
+    # MEAN: over every element of every replica along `axis`
+    return agg.finish(total, sum(a.shape[axis] for a in arrays))
 
 
 def reduce_constant(op: ReduceOp, value: Any, axis: int | None, num_replicas: int) -> Any:
     """A non-distributed value: the same on every replica."""
+    agg = aggregation.of(op)
     if axis is None:
-        if op is ReduceOp.MEAN or num_replicas == 1:
+        if agg.divides or num_replicas == 1:
             return value
         raise ValueError(
             f"strategy.reduce(SUM, value, axis=None): value={value!r} is not a per-replica "
@@ -45,9 +47,9 @@ def reduce_constant(op: ReduceOp, value: Any, axis: int | None, num_replicas: in
         )
     a = np.asarray(value)
     _check_axis(axis, a, "value")
-    if op is ReduceOp.MEAN:
+    if agg.divides:
         return a.mean(axis=axis)
-    return a.sum(axis=axis) * num_replicas
+    return agg.fold.reduce(a, axis=axis) * num_replicas
 
 
 def reduce_value(op: ReduceOp, value: Any, axis: int | None, num_replicas: int) -> Any:
@@ -64,12 +66,9 @@ def _check_axis(axis: int, a: np.ndarray, what: str) -> None:
         )
 
 
-def _sum_components(parts: list[np.ndarray]) -> np.ndarray:
+def _fold_components(agg, parts: list[np.ndarray]) -> np.ndarray:
     shapes = [p.shape for p in parts]
     if any(s != shapes[0] for s in shapes):
         raise ValueError(f"strategy.reduce: the replicas' values differ beyond the reduced axis: "
                          f"{shapes}")
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
+    return functools.reduce(agg.fold, parts)

@@ -14,7 +14,7 @@ import numpy as np
 from labdist import nest
 from labdist.collectives import all_gather, all_reduce
 from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
-from labdist.enums import ReduceOp
+from labdist.enums import ReduceOp, VariableAggregation
 
 _local = threading.local()
 
@@ -77,9 +77,7 @@ class ReplicaContext:
         backend = self._replica.backend
         arrays = [self._as_array(v) for v in leaves]
         what = f"all_reduce({op.name}) of {nest.describe(treedef)}"
-        reduced = all_reduce(
-            self._replica.comm, self.next_seq(), what, arrays, op.name.lower(), backend
-        )
+        reduced = all_reduce(self._replica.comm, self.next_seq(), what, arrays, op, backend)
         return nest.unflatten(treedef, reduced)
 
     def merge_call(self, merge_fn, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -144,7 +142,8 @@ class ReplicaContext:
             )
         return backend.to_device(v)
 
-    def reduce_arrays(self, what: str, arrays: list[Any], op: str) -> list[Any]:
+    def reduce_arrays(self, what: str, arrays: list[Any], op: ReduceOp | VariableAggregation
+                      ) -> list[Any]:
         """All-reduce arrays of this replica's backend (variables' ON_WRITE updates)."""
         return all_reduce(
             self._replica.comm, self.next_seq(), what, arrays, op, self._replica.backend

@@ -184,15 +184,23 @@ class Replica:
     def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
         from distributed import get_worker
 
-        from labdist.collectives.communicator import LocalCommunicator, PeerCommunicator
+        from labdist.collectives import registry
+        from labdist.collectives.communicator import Communicator
+        from labdist.collectives.plugin import get_plugin
+        from labdist.collectives.transports.base import Endpoint
 
         worker = get_worker()
         self.group = group
         self.address = worker.address
         backend = get_backend(device)
-        comm = (PeerCommunicator(worker, group, rank, peers, timeout) if len(peers) > 1
-                else LocalCommunicator())
+        if len(peers) > 1:
+            endpoint = Endpoint(group, rank, peers, timeout, worker,
+                                get_plugin(worker).mailbox(group), backend.name)
+            comm = Communicator(endpoint, registry.create(registry.FALLBACK, endpoint))
+        else:
+            comm = Communicator.local()
         self.core = ReplicaCore(rank, len(peers), backend, comm)
+        self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
         self._fn_bytes: bytes | None = None
         self._fn = None
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
@@ -281,55 +289,39 @@ class Replica:
     def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
         return self.core.update(self._load(fn_bytes), args, kwargs)
 
-    async def shm_probe(self) -> tuple[str, str] | None:
-        """Open this replica's shared-memory channel; returns (control path, token)."""
-        from labdist.collectives import shm
+    async def transport_probe(self, name: str) -> Any | None:
+        """Open transport `name` here; what peers need to connect to it, or None where this
+        replica cannot use it."""
+        from labdist.collectives import registry
 
-        if not shm.available() or not hasattr(self.core.comm, "shm"):
+        transport = registry.create(name, self.core.comm.endpoint)
+        probe = transport.probe()
+        if probe is None:
+            transport.close()
             return None
-        self._shm = shm.ShmChannel(self.group, self.core.rank)
-        return self._shm.control_path, self._shm.token
+        previous = self._opened.pop(name, None)
+        if previous is not None:
+            previous.close()
+        self._opened[name] = transport
+        return probe
 
-    async def shm_reachable(self, probes: list[tuple[str, str]]) -> bool:
-        """Whether every peer's channel can be mapped here (the same host and /dev/shm)."""
-        from labdist.collectives import shm
+    async def transport_connect(self, name: str, probes: list[Any]) -> bool:
+        """Whether every peer is reachable over `name`, given every rank's probe (a thread:
+        some transports block until every rank has joined)."""
+        return await asyncio.to_thread(self._opened[name].connect, probes)
 
-        peers = {r: p for r, p in enumerate(probes) if r != self.core.rank}
-        if not shm.can_reach(list(peers.values())):
-            return False
-        self._shm.connect({r: path for r, (path, _) in peers.items()})
-        return True
-
-    async def nccl_id(self) -> tuple | None:
-        """A NCCL unique id when this replica computes on a GPU with NCCL at hand, else None."""
-        from labdist.collectives import nccl
-
-        if self.core.backend.name != "cupy" or not hasattr(self.core.comm, "nccl"):
-            return None
-        return nccl.unique_id()
-
-    async def nccl_init(self, uid: tuple) -> None:
-        """Join the group's NCCL communicator (every rank at once; init blocks until all do)."""
-        from labdist.collectives.nccl import NcclChannel
-
-        channel = await asyncio.to_thread(NcclChannel, self.core.world, uid, self.core.rank)
-        self.core.comm.nccl = channel
-
-    async def shm_use(self, use: bool) -> None:
-        channel = getattr(self, "_shm", None)
-        if use:
-            self.core.comm.shm = channel
-        elif channel is not None:
-            self.core.comm.shm = None
-            channel.close()
-            self._shm = None
+    async def transport_use(self, names: list[str]) -> None:
+        """Carry collectives over the transports the group chose; close the others opened."""
+        opened, self._opened = self._opened, {}
+        for name, transport in opened.items():
+            if name in names:
+                self.core.comm.use(transport)
+            else:
+                transport.close()
 
     async def close(self) -> None:
-        await self.shm_use(False)
-        channel = getattr(self.core.comm, "nccl", None)
-        if channel is not None:
-            self.core.comm.nccl = None
-            channel.close()
+        await self.transport_use([])
+        self.core.comm.close()
         if self._lane is not None:
             self._lane.close()
             self._lane = None

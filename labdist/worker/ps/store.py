@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import aggregation
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
 from labdist.worker.ps.counters import StoreCounters
 from labdist.worker.ps.ssp import StalenessBound
@@ -26,7 +27,6 @@ from labdist.worker.ps.sync import (
     DUPLICATE,
     STALE,
     SyncReplicas,
-    aggregate,
 )
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
@@ -226,8 +226,8 @@ class ParameterStore:
                 "values": self._values_of(items) if want else None}
 
     def _apply_batch(self, batch, step: int) -> None:
-        for var_id, kind, arrays, agg in batch:
-            for value in aggregate(agg, arrays):
+        for var_id, kind, arrays, agg in batch:  # agg: the variable's aggregation, by name
+            for value in aggregation.of(agg).ps_values(arrays):
                 self._update(var_id, kind, value, step)
 
     def _values_of(self, items) -> dict[int, np.ndarray]:

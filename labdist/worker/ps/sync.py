@@ -125,20 +125,3 @@ class SyncReplicas:
         if self.readers == 0:
             await self._notify()
 
-
-def aggregate(agg: str, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The values one aggregated update applies, in order: one for SUM / MEAN /
-    ONLY_FIRST_REPLICA; for NONE each worker's own, one after another."""
-    if agg == "NONE":
-        return list(arrays)
-    if agg == "ONLY_FIRST_REPLICA":
-        return [arrays[0]]
-    total = arrays[0].copy()
-    for a in arrays[1:]:
-        total += a
-    if agg == "MEAN":
-        if total.dtype.kind in "iub":
-            raise ValueError("aggregation MEAN of integer values")
-        total /= len(arrays)
-    return [total]
-

@@ -24,7 +24,7 @@ import numpy as np
 
 from labdist import nest
 from labdist.backend import NUMPY
-from labdist.collectives import LocalCommunicator
+from labdist.collectives import Communicator
 from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
@@ -219,7 +219,7 @@ class _ReplicaView:
 
     def __init__(self, ctx: WorkerContext):
         self._ctx = ctx
-        self.comm = LocalCommunicator()
+        self.comm = Communicator.local()
         self.diverged: set[int] = set()
 
     def copy_of(self, var_id: int, name: str = "variable") -> np.ndarray:
