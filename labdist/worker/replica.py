@@ -252,7 +252,7 @@ class Replica:
                 request = pickle.loads(request)
             if request[0] == "run":
                 _, run_id, fn_bytes, args, kwargs = request
-                mailbox = getattr(self.core.comm, "mailbox", None)
+                mailbox = self.core.comm.mailbox
                 if mailbox is not None:  # the mailbox belongs to the event loop
                     self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
                 return self.core.start(run_id, self._load(fn_bytes), args, kwargs)
@@ -282,7 +282,7 @@ class Replica:
         return self._lane.address, self._lane.token
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
-        mailbox = getattr(self.core.comm, "mailbox", None)
+        mailbox = self.core.comm.mailbox
         if mailbox is not None:
             mailbox.peer_state(run_id, rank, state, detail)
 
