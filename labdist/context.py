@@ -7,13 +7,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from labdist.worker import context as worker_context
 from labdist.worker.context import ReplicaContext
 
-if TYPE_CHECKING:
-    from labdist.strategies.base import Strategy
+# A strategies.base.Strategy. Named, not imported: the strategies import this module, and
+# this one only keeps them (a registry and a scope stack), never calls into their classes.
+Strategy = Any
 
 _scopes = threading.local()
 _strategies: weakref.WeakValueDictionary[str, Strategy] = weakref.WeakValueDictionary()
