@@ -1,4 +1,4 @@
-"""Distributing input (SEMANTICS.md §4): split global batches across replicas in order, and a
+"""Distributing input: split global batches across replicas in order, and a
 helper that makes global batches from arrays."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Distributed variables: one handle, one copy per replica (SEMANTICS.md §2).
+"""Distributed variables: one handle, one copy per replica.
 
 The handle is small and picklable. Inside `strategy.run` it resolves to the copy of the replica
 running the step (replica context); on the driver it reads and writes every copy through the

@@ -1,5 +1,5 @@
 """`ParameterServerStrategy`: variables on parameter-server tasks, workers that pull, compute and
-push (SEMANTICS.md §5, DESIGN.md "Parameter servers").
+push.
 
 mode="async": each worker's update is applied when it arrives (Downpour / TF2's
 ParameterServerStrategy); mode="sync": SyncReplicas — a barrier, `replicas_to_aggregate` fresh

@@ -1,4 +1,4 @@
-"""`strategy.reduce` on the driver (SEMANTICS.md §3): pure numpy, no cluster involved."""
+"""`strategy.reduce` on the driver: pure numpy, no cluster involved."""
 
 from __future__ import annotations
 

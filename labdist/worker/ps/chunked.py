@@ -6,7 +6,7 @@ The stamps make that visible instead of silent: every chunk counts the updates t
 finished on it, and a read compares the stamps it saw before and after copying.
 With locking, updates to one variable run one at a time and each is built on a copy that is
 published whole, so a read (still lock-free) sees the value before or after an update, never
-in between (SEMANTICS.md §5).
+in between.
 """
 
 from __future__ import annotations

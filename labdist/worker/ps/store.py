@@ -1,6 +1,6 @@
-"""`ParameterStore`: the Dask actor of one parameter-server task (DESIGN.md "Parameter
-servers"). It holds its shard of the variables (chunked, with version stamps), the optimizer
-state next to each variable, and applies what workers push.
+"""`ParameterStore`: the Dask actor of one parameter-server task. It holds its shard of the
+variables (chunked, with version stamps), the optimizer state next to each variable, and applies
+what workers push.
 
 Every method is `async def`, so calls from different workers are served concurrently on the
 worker's event loop; reads and updates run on the store's own thread pool, so in asynchronous

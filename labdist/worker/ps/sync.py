@@ -1,4 +1,4 @@
-"""Synchronous training on a parameter server (TF's SyncReplicasOptimizer, SEMANTICS.md §5).
+"""Synchronous training on a parameter server (TF's SyncReplicasOptimizer).
 
 Workers push gradients tagged with the global step they read. The first
 `replicas_to_aggregate` fresh pushes of a step are accumulated; the one that completes the set

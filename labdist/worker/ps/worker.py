@@ -4,7 +4,8 @@ functions the coordinator schedules, and the replica context they see.
 Workers hold no authoritative copy of anything: inside a scheduled function a variable read
 pulls from the variable's parameter server, and `assign*` pushes to it (async mode: applied on
 arrival; sync mode: the function's writes are pushed together when it returns, one contribution
-per function, as SyncReplicas' apply_gradients). Never imports strategies (DESIGN.md layers).
+per function, as SyncReplicas' apply_gradients). Never imports driver-side code
+(docs/architecture.md).
 """
 
 from __future__ import annotations
