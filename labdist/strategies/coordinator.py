@@ -6,7 +6,8 @@ worker and waits for the result; a free worker is whichever finishes first, so f
 more. When a worker dies mid-function, the function goes back into the queue (in schedule
 order, so ahead of later work) and another worker runs it (at-least-once: what it pushed before
 dying stays pushed, as in TF).
-A lost parameter server stops everything with an error naming it.
+A lost parameter server stops everything with an error naming it. Closing (strategy.close())
+ends every wait: what had not finished raises, and so does anything asked of it afterwards.
 """
 
 from __future__ import annotations
@@ -120,22 +121,26 @@ class ClusterCoordinator:
                  ) -> RemoteValue:
         """Queue `fn(*args, **kwargs)` to run on some worker; returns its RemoteValue. Raises
         the error of an earlier function that failed (as TF does), once."""
+        self._check_open()
         shipping.check_call(fn, args, kwargs)
         self._raise_pending()
         self.strategy._select((tuple(args), kwargs or {}), 0, "args")  # no foreign variables
         closure = _Closure(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
                            ("closure", next(self._keys)))
         with self._cv:
+            self._check_open()  # closed meanwhile: nobody would ever run it
             self._queue.append(closure)
             self._cv.notify_all()
         return closure.value
 
     def join(self) -> None:
         """Wait until every scheduled function has finished; raise the first error one of them
-        raised (the rest were cancelled then), or the error that stopped the cluster."""
+        raised (the rest were cancelled then), or the error that stopped the cluster; once
+        closed, the error saying so."""
         with self._cv:
-            while (self._queue or self._in_flight) and self._fatal is None:
+            while (self._queue or self._in_flight) and self._fatal is None and not self._closed:
                 self._cv.wait(1.0)
+        self._check_open()
         self._raise_pending()
 
     def done(self) -> bool:
@@ -151,6 +156,7 @@ class ClusterCoordinator:
     def create_per_worker_dataset(self, dataset_fn: Callable | Iterable) -> PerWorkerDataset:
         """Call `dataset_fn()` (or `dataset_fn(input_context)`) on every worker; each worker
         keeps its own dataset. An iterable is sent to every worker as it is."""
+        self._check_open()
         if not callable(dataset_fn):
             if not isinstance(dataset_fn, Iterable):
                 raise TypeError(f"dataset_fn={dataset_fn!r} must be a function returning an "
@@ -167,12 +173,32 @@ class ClusterCoordinator:
         return PerWorkerDataset(dataset_id)
 
     def close(self) -> None:
+        """Stop dispatching (strategy.close() calls this): functions queued or running raise
+        from fetch(), and schedule, join and create_per_worker_dataset raise from now on."""
         with self._cv:
             self._closed = True
             for closure in self._queue:
-                closure.cancel()
+                closure.set_error(self._unfinished_error())
             self._queue.clear()
             self._cv.notify_all()
+
+    def _check_open(self) -> None:
+        if not self._closed:
+            return
+        if self.strategy._closed:
+            raise RuntimeError(
+                f"{self.strategy!r} is closed, and its ClusterCoordinator with it: nothing can "
+                "be scheduled or joined any more. Create a new strategy (restore the last "
+                "checkpoint into it) and ld.ClusterCoordinator(new_strategy)")
+        raise RuntimeError("this ClusterCoordinator is closed: nothing can be scheduled or "
+                           "joined any more; ld.ClusterCoordinator(strategy) makes a new one")
+
+    @staticmethod
+    def _unfinished_error() -> RuntimeError:
+        return RuntimeError(
+            "the ClusterCoordinator was closed (strategy.close() closes it) before this "
+            "function finished: it ran in part or not at all; schedule it again on a new "
+            "strategy's coordinator (restore the last checkpoint first)")
 
     # -- dispatching ------------------------------------------------------------------------
     def _raise_pending(self) -> None:
@@ -239,6 +265,8 @@ class ClusterCoordinator:
     def _finish(self, w: int, closure: _Closure, outcome: tuple) -> bool:
         """Settle one function's outcome; returns whether worker `w` keeps dispatching."""
         kind = outcome[0]
+        if self._closed and kind not in ("ok", "error"):
+            kind = "closed"  # a lost PS or worker now is the closing cluster: do not retry
         if kind == "worker_lost":
             self._lose_worker(w, closure)
             return False
@@ -263,6 +291,8 @@ class ClusterCoordinator:
         elif kind == "ps_lost":
             closure.set_error(outcome[1])
             self._stop(outcome[1])
+        elif kind == "closed":
+            closure.set_error(self._unfinished_error())
         else:
             closure.cancel()
         with self._cv:
