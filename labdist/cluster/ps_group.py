@@ -18,14 +18,16 @@ from typing import Any
 from labdist.cluster.actor_group import ActorGroup
 from labdist.errors import ParameterServerLostError
 from labdist.worker import actor_call as remote
+from labdist.worker.ps.liveness import Unresponsive, watched_call
 from labdist.worker.ps.store import ParameterStore
 from labdist.worker.ps.worker import ParameterServerWorker
 
-POLL_S = 0.25  # how often a waiting call checks whether its parameter server is gone
+CLOSE_S = 5.0  # closing waits at most this long (or ps_timeout) for each parameter server
 
 
 class ParameterServerGroup(ActorGroup):
     num_replicas = 1  # one copy of every variable, on its parameter server
+    ps_timeout = 60.0  # seconds a parameter server may answer nothing (set by start)
 
     def __init__(self, cluster: Any, num_workers: int | None, num_ps: int,
                  connect_timeout: float, security: Any = None):
@@ -43,6 +45,7 @@ class ParameterServerGroup(ActorGroup):
         self._sent: dict[int, int] = {}
         self._next_shard = 0
         self.bounded = False
+        self._silent: dict[int, str] = {}  # PS index -> how it stopped answering
         try:
             self._connect(cluster, (num_workers or 2) + num_ps, connect_timeout, security)
             self.ps_addresses, self.worker_addresses = self._place(
@@ -79,6 +82,7 @@ class ParameterServerGroup(ActorGroup):
     def start(self, settings: dict) -> None:
         """Start the parameter servers, then the workers (which need to know where they are)."""
         self.bounded = settings["staleness_bound"] is not None
+        self.ps_timeout = settings["ps_timeout"]
         try:
             for i, addr in enumerate(self.ps_addresses):
                 key = f"labdist-ps-{self.id}-{i}"
@@ -98,7 +102,7 @@ class ParameterServerGroup(ActorGroup):
 
     # -- lost actors ----------------------------------------------------------------------------
     def store_lost(self, i: int) -> bool:
-        return self.gone(self._store_futures[i])
+        return i in self._silent or self.gone(self._store_futures[i])
 
     def lost_store(self) -> int | None:
         return next((i for i in range(self.num_ps) if self.store_lost(i)), None)
@@ -106,31 +110,46 @@ class ParameterServerGroup(ActorGroup):
     def worker_lost(self, w: int) -> bool:
         return self.gone(self._worker_futures[w])
 
-    def ps_lost_error(self, i: int | None, detail: str = "its worker left the cluster"
+    def ps_lost_error(self, i: int | None, detail: str | None = None
                       ) -> ParameterServerLostError:
         where = (f"parameter server {i} (worker {self.ps_addresses[i]})" if i is not None
                  else "a parameter server")
         held = sum(1 for s in self.placement.values() if s == i)
+        silent = i in self._silent
+        detail = detail or self._silent.get(i, "its worker left the cluster")
+        slow = (f" If it is only slow, raise ParameterServerStrategy(ps_timeout=...) (now "
+                f"{self.ps_timeout:g} s)." if silent else "")
         return ParameterServerLostError(
             f"{where} was lost ({detail}), and the {held} variable(s) it held with it. "
             "Training cannot go on: close this strategy, start a new one and restore the last "
-            "checkpoint (ld.train.Checkpoint(model=model).restore(directory))")
+            f"checkpoint (ld.train.Checkpoint(model=model).restore(directory)).{slow}")
+
+    def silent_error(self, i: int, seconds: float, who: str) -> ParameterServerLostError:
+        """Declare parameter server `i` lost because `who` heard nothing from it for
+        `seconds` (not even a liveness check): every later call to it fails at once."""
+        self._silent.setdefault(
+            i, f"it stopped answering: {who} heard nothing from it for {seconds:g} s, neither "
+               "a call's reply nor a liveness check's (a stopped or hung process, or a machine "
+               "gone from the network)")
+        return self.ps_lost_error(i)
 
     # -- calls --------------------------------------------------------------------------------
-    async def _store(self, i: int, method: str, *args) -> Any:
+    async def _store(self, i: int, method: str, *args, timeout: float | None = None) -> Any:
         """Call store `i`; fails as soon as the scheduler knows its worker is gone (instead of
-        Dask retrying the connection for its connect timeout)."""
-        if self.store_lost(i):
-            raise self.ps_lost_error(i)
-        call = asyncio.ensure_future(remote.call(
-            self.client.rpc, self.ps_addresses[i], self._store_keys[i], method, *args))
-        while not call.done():
-            await asyncio.wait({call}, timeout=POLL_S)
-            if not call.done() and self.store_lost(i):
-                call.cancel()
+        Dask retrying the connection for its connect timeout), and once it has answered
+        nothing for `ps_timeout` seconds (worker/ps/liveness.py)."""
+        def check() -> None:
+            if self.store_lost(i):
                 raise self.ps_lost_error(i)
+
+        check()
+        timeout = self.ps_timeout if timeout is None else timeout
         try:
-            return call.result()
+            return await watched_call(self.client.rpc, self.ps_addresses[i],
+                                      self._store_keys[i], method, *args, timeout=timeout,
+                                      check=check)
+        except Unresponsive as e:
+            raise self.silent_error(i, e.seconds, "the driver") from None
         except remote.COMM_ERRORS as e:
             raise self.ps_lost_error(i, f"{type(e).__name__}: {e}") from None
 
@@ -222,7 +241,13 @@ class ParameterServerGroup(ActorGroup):
         return []  # the one "replica" is the PSs' copy: a lost PS raises instead
 
     def _close_actors(self) -> None:
-        for i in range(len(self._store_futures)):
-            with contextlib.suppress(Exception):
-                if not self.store_lost(i):
-                    self.store_call(i, "close")
+        """Ask every parameter server still answering to let go, all at once and briefly: a
+        frozen one must not hold up close."""
+        live = [i for i in range(len(self._store_futures)) if not self.store_lost(i)]
+        timeout = min(self.ps_timeout, CLOSE_S)
+
+        async def close_all():
+            await asyncio.gather(*(self._store(i, "close", timeout=timeout) for i in live),
+                                 return_exceptions=True)
+        with contextlib.suppress(Exception):
+            self.client.sync(close_all)

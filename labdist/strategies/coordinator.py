@@ -258,8 +258,12 @@ class ClusterCoordinator:
                 return ("error", e, "")
             self._group.placement_sent(w, version)  # the worker has it now
             if reply[0] == "ps_lost":
+                _, message, shard, silent_s = reply
+                if silent_s is not None:  # the PS answered that worker nothing: frozen
+                    return ("ps_lost", self._group.silent_error(shard, silent_s, f"worker {w}"))
                 lost = self._group.lost_store()
-                return ("ps_lost", self._group.ps_lost_error(lost, reply[1]))
+                return ("ps_lost", self._group.ps_lost_error(
+                    shard if lost is None else lost, message))
             return reply
 
     def _finish(self, w: int, closure: _Closure, outcome: tuple) -> bool:

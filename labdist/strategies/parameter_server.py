@@ -51,13 +51,18 @@ class ParameterServerStrategy(Strategy):
     staleness_bound: async mode; a worker waits while it is more than this many scheduled
         functions ahead of the slowest (stale synchronous parallel, beyond TF).
     chunk_size: elements per chunk in which updates are applied (and torn reads detected).
+    ps_timeout: seconds a parameter server may answer nothing before it is declared lost
+        (ParameterServerLostError), on every call the driver or a worker makes to it. A call
+        still waiting (a sync barrier held up by a straggler) is never cut short while the PS
+        answers a cheap liveness check; a frozen PS answers neither. math.inf: wait forever.
     """
 
     def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,
                  mode: str = "async", use_locking: bool = False,
                  replicas_to_aggregate: int | None = None,
                  total_num_replicas: int | None = None, staleness_bound: int | None = None,
-                 chunk_size: int = 65536, connect_timeout: float = 10.0, security: Any = None):
+                 chunk_size: int = 65536, connect_timeout: float = 10.0,
+                 ps_timeout: float = 60.0, security: Any = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
         _count("num_workers", num_workers, 1)
@@ -82,6 +87,10 @@ class ParameterServerStrategy(Strategy):
                 or not connect_timeout > 0:
             raise ValueError(f"connect_timeout={connect_timeout!r} must be a positive number "
                              "of seconds")
+        if not isinstance(ps_timeout, int | float) or isinstance(ps_timeout, bool) \
+                or not ps_timeout > 0:
+            raise ValueError(f"ps_timeout={ps_timeout!r} must be a positive number of seconds "
+                             "(math.inf: wait forever)")
         if num_workers is None and cluster is None:
             num_workers = total_num_replicas or 2
         group = ParameterServerGroup(cluster, num_workers, num_ps, float(connect_timeout),
@@ -90,7 +99,8 @@ class ParameterServerStrategy(Strategy):
             total, aggregate = self._sync_sizes(group.num_workers, mode,
                                                 total_num_replicas, replicas_to_aggregate)
             group.start({"mode": mode, "use_locking": use_locking, "chunk_size": chunk_size,
-                         "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound})
+                         "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound,
+                         "ps_timeout": float(ps_timeout)})
         except BaseException:
             group.close()
             raise
@@ -100,6 +110,7 @@ class ParameterServerStrategy(Strategy):
         self.replicas_to_aggregate = aggregate
         self.total_num_replicas = total
         self.staleness_bound = staleness_bound
+        self.ps_timeout = float(ps_timeout)
         self._cluster_coordinator: ClusterCoordinator | None = None
         self._bound_steps: set[tuple] = set()  # (optimizer, weights, slots) bound on the PSs
         super().__init__(group)

@@ -30,6 +30,7 @@ from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
 from labdist.worker.context import ReplicaContext, enter
+from labdist.worker.ps.liveness import Unresponsive, watched_call
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
@@ -102,6 +103,7 @@ class ParameterServerWorker:
         self.stores = stores
         self.sync = settings["mode"] == "sync"
         self.bounded = settings["staleness_bound"] is not None
+        self.ps_timeout = settings["ps_timeout"]
         self.delay = 0.0
         self.placement: dict[int, int] = {}
         self.datasets: dict[str, Any] = {}
@@ -131,8 +133,8 @@ class ParameterServerWorker:
     async def run(self, fn_bytes: bytes, args: tuple, kwargs: dict, placement: dict | None,
                   key: tuple) -> tuple:
         """Run a scheduled function; returns ("ok", result), ("error", exception, traceback)
-        or ("ps_lost", message). Errors come back as values: a raised one would look like
-        this worker failing."""
+        or ("ps_lost", message, PS index, seconds it was silent or None). Errors come back as
+        values: a raised one would look like this worker failing."""
         if placement is not None:
             self.placement = placement
         return await asyncio.wrap_future(
@@ -159,7 +161,7 @@ class ParameterServerWorker:
         except Retry:
             return ("retry",)
         except ParameterServerLostError as e:
-            return ("ps_lost", str(e))
+            return ("ps_lost", str(e), getattr(e, "ps_index", None), getattr(e, "silent_s", None))
         except StopIteration:
             error = OutOfRangeError(f"a per-worker iterator on worker {self.index} is exhausted "
                                     "(its dataset has no more elements)")
@@ -188,7 +190,8 @@ class ParameterServerWorker:
 
     def call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
         """Call parameter servers concurrently: (shard, method, args) each; raises
-        ParameterServerLostError naming a PS that cannot be reached."""
+        ParameterServerLostError naming a PS that cannot be reached, or that answered nothing
+        for `ps_timeout` seconds (worker/ps/liveness.py)."""
         async def gather():
             if self._rpc is None:
                 from distributed.core import ConnectionPool
@@ -196,15 +199,24 @@ class ParameterServerWorker:
                 self._rpc = await ConnectionPool(connection_args=self._connection_args,
                                                  timeout=STORE_CONNECT_TIMEOUT_S)
             return await asyncio.gather(
-                *(remote.call(self._rpc, *self.stores[s], m, *a) for s, m, a in calls),
+                *(watched_call(self._rpc, *self.stores[s], m, *a, timeout=self.ps_timeout)
+                  for s, m, a in calls),
                 return_exceptions=True)
 
         results = asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
         for (shard, _, _), r in zip(calls, results, strict=True):
+            where = f"parameter server {shard} (worker {self.stores[shard][0]})"
+            if isinstance(r, Unresponsive):
+                error = ParameterServerLostError(
+                    f"{where} answered nothing to worker {self.index} for {r.seconds:g} s")
+                error.ps_index, error.silent_s = shard, r.seconds
+                raise error
             if isinstance(r, remote.COMM_ERRORS):
-                raise ParameterServerLostError(
-                    f"parameter server {shard} (worker {self.stores[shard][0]}) could not be "
-                    f"reached from worker {self.index}: {type(r).__name__}: {r}")
+                error = ParameterServerLostError(
+                    f"{where} could not be reached from worker {self.index}: "
+                    f"{type(r).__name__}: {r}")
+                error.ps_index = shard
+                raise error
             if isinstance(r, BaseException):
                 raise r
         return results
