@@ -164,6 +164,26 @@ def test_run_other_strategies_on_the_cli_cluster(external: ExternalCluster, stra
 
 
 @pytest.mark.cluster
+def test_run_parameter_server_says_who_computes_and_warns_when_only_one_does(external):
+    """Two workers: one holds the parameter server, so one computes; the run says which, and
+    warns once (stderr, one line) that async training with one worker has no staleness."""
+    result = labdist("run", "--scheduler", external.address, "--strategy", "parameter-server",
+                     "--steps", "4", "--batch-size", "32")
+    assert result.returncode == 0, result.stdout + result.stderr
+    start = result.stdout.split("step ", 1)[0]
+    found = re.search(r"1 worker\(s\) compute \((\S+)\), 1 parameter server\(s\) \((\S+)\)",
+                      start)
+    assert found, start
+    assert sorted(found.groups()) == sorted(external.workers)
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert warnings[0].startswith("labdist run: warning: only 1 worker computes")
+    assert "no staleness" in warnings[0] and "dask worker" in warnings[0], warnings[0]
+    assert "Traceback" not in result.stderr
+    assert external.alive()
+
+
+@pytest.mark.cluster
 def test_run_asking_for_more_replicas_than_workers_is_a_one_line_error(external):
     result = labdist("run", "--scheduler", external.address, "--replicas", "3",
                      "--connect-timeout", "1", timeout=60)

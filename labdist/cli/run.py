@@ -9,6 +9,7 @@ mirrored strategies, staleness and torn reads for the parameter-server ones).
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,26 @@ def chunks(steps: int, reports: int = REPORTS) -> list[int]:
     if steps % size:
         out.append(steps % size)
     return out
+
+
+def placement(strategy: ld.Strategy) -> tuple[str, str | None]:
+    """(the line saying where the strategy runs, a one-line warning or None). A parameter-
+    server strategy takes workers away from computing: say which, and warn when only one worker
+    is left to compute (nothing to race with, nothing to aggregate)."""
+    if not isinstance(strategy, ld.ParameterServerStrategy):
+        return f"{strategy!r} on workers {', '.join(strategy.workers)}", None
+    workers, servers = strategy.workers, strategy.parameter_servers
+    line = (f"{strategy!r}: {len(workers)} worker(s) compute ({', '.join(workers)}), "
+            f"{len(servers)} parameter server(s) ({', '.join(servers)})")
+    if len(workers) > 1:
+        return line, None
+    if strategy.mode == "async":
+        lacks, more = "no staleness and no interleaved updates", "see workers race"
+    else:
+        lacks, more = "one gradient per step", "aggregate several workers' gradients"
+    return line, (f"only 1 worker computes, so this {strategy.mode} parameter-server run has "
+                  f"{lacks}; start more `dask worker` processes (at least "
+                  f"{len(servers) + 2}) to {more}")
 
 
 def train(strategy: ld.Strategy, steps: int, batch_size: int, learning_rate: float,
@@ -168,7 +189,10 @@ def run(args) -> int:
     except (ValueError, TypeError) as e:  # e.g. more replicas than the cluster has workers
         raise UserError(str(e)) from None
     try:
-        print(f"{strategy!r} on workers {', '.join(strategy.workers)}", flush=True)
+        where, warning = placement(strategy)
+        print(where, flush=True)
+        if warning is not None:
+            print(f"labdist run: warning: {warning}", file=sys.stderr, flush=True)
         figures = train(strategy, args.steps, args.batch_size, args.learning_rate,
                         say=lambda line: print(line, flush=True))
         print("\n".join(summary(strategy, address, figures, args.batch_size)), flush=True)
