@@ -384,3 +384,180 @@ def test_a_worker_killed_mid_restore_is_named_and_recover_then_restore_makes_it_
             if key != "iterations":
                 assert all(copy == want[key][0] for copy in got[key]), key
 
+
+# -- BackupAndRestore ------------------------------------------------------------------------
+def data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(64, 4)).astype(np.float32), np.arange(64) % 3
+
+
+class Watch(ld.callbacks.Callback):
+    """Records the backup directory's file names at the start of fit and after each epoch."""
+
+    def __init__(self, directory: Path, stop_after: int | None = None):
+        self.directory, self.stop_after, self.seen = directory, stop_after, []
+
+    def _look(self):
+        d = self.directory
+        self.seen.append(sorted(p.name for p in d.iterdir()) if d.exists() else None)
+
+    def on_train_begin(self, logs=None):
+        self._look()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._look()
+        if epoch == self.stop_after:
+            raise KeyboardInterrupt("interrupted (simulated)")
+
+
+USER_FILES = {"notes.txt": b"mine", "ckpt-notes.npz": b"mine too", "my-ckpt-3.npz": b"3",
+              ".ckpt-12.npz.abcd1234.tmp.keep": b"k", ".ckpt-12.npz.mine.bak": b"b",
+              ".epoch.backup": b"e"}
+
+
+def user_dir(directory: Path) -> Path:
+    directory.mkdir()
+    for name, content in USER_FILES.items():
+        (directory / name).write_bytes(content)
+    return directory
+
+
+def user_files_intact(directory: Path) -> bool:
+    return all((directory / n).read_bytes() == c for n, c in USER_FILES.items())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["default", "mirrored2"])
+def test_backup_keeps_max_to_keep_and_a_completed_fit_removes_only_its_own(
+        where, request, tmp_path):
+    strategy = request.getfixturevalue("mirrored2") if where == "mirrored2" else None
+    backup_dir = user_dir(tmp_path / "backup")
+    model, (x, y) = small_model(1, strategy=strategy, trained=0), data()
+    watch = Watch(backup_dir)
+    backup = ld.callbacks.BackupAndRestore(backup_dir, max_to_keep=2)
+    model.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[backup, watch])
+    for epoch, names in enumerate(watch.seen[1:]):  # 4 steps an epoch
+        ckpts = [f"ckpt-{4 * e}.npz" for e in range(max(1, epoch), epoch + 2)]
+        assert names == sorted([*USER_FILES, "checkpoint", "epoch", *ckpts]), epoch
+    assert sorted(p.name for p in backup_dir.iterdir()) == sorted(USER_FILES)  # the dir stays
+    assert user_files_intact(backup_dir)
+
+
+def test_backup_removes_its_stale_temp_files_on_start_and_nothing_like_them(tmp_path):
+    backup_dir = user_dir(tmp_path / "backup")
+    stale = [".ckpt-12.npz.abcd1234.tmp", ".epoch.x1y2z3q4.tmp", ".checkpoint.k9_2mmq0.tmp"]
+    for name in stale:
+        (backup_dir / name).write_bytes(b"half a file")
+    model, (x, y) = small_model(1, trained=0), data()
+    watch = Watch(backup_dir)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+              callbacks=[ld.callbacks.BackupAndRestore(backup_dir), watch])
+    assert watch.seen[0] == sorted(USER_FILES)  # at the start: the stale ones gone, not more
+    assert user_files_intact(backup_dir)
+
+
+def test_an_interrupted_fit_resumes_from_the_kept_backup(tmp_path):
+    backup_dir = tmp_path / "made" / "backup"
+    model, (x, y) = small_model(1, trained=0), data()
+    backup = ld.callbacks.BackupAndRestore(str(backup_dir), max_to_keep=1)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=16, epochs=5, verbose=0,
+                  callbacks=[backup, Watch(backup_dir, stop_after=2)])
+    assert sorted(p.name for p in backup_dir.iterdir()) == ["checkpoint", "ckpt-12.npz", "epoch"]
+    saved = state_of(model)
+    fresh = small_model(7, trained=0)
+    watch = Watch(backup_dir)
+    history = fresh.fit(x, y, batch_size=16, epochs=5, verbose=0, callbacks=[backup, watch])
+    assert history.epoch == [3, 4]
+    assert fresh._iterations == 20
+    assert watch.seen[0] == ["checkpoint", "ckpt-12.npz", "epoch"]
+    assert not backup_dir.exists()  # it made the directory, and it is empty: removed
+    assert backup_dir.parent.is_dir()  # only the directory named backup_dir is its own
+    assert state_of(model) == saved  # (the first model untouched by the second fit)
+
+
+def test_backup_never_overwrites_or_deletes_what_it_did_not_write(tmp_path):
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    (backup_dir / "ckpt-4.npz").write_bytes(b"the user's own file of that name")
+    model, (x, y) = small_model(1, trained=0), data()
+    with pytest.raises(CheckpointError, match="holds 'ckpt-4.npz', which BackupAndRestore "
+                                              "did not write"):
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                  callbacks=[ld.callbacks.BackupAndRestore(backup_dir)])
+    assert (backup_dir / "ckpt-4.npz").read_bytes() == b"the user's own file of that name"
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint").write_text("a user's index")
+    with pytest.raises(CheckpointError, match="holds a 'checkpoint' file that BackupAndRestore "
+                                              "did not write"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[ld.callbacks.BackupAndRestore(other)])
+    assert (other / "checkpoint").read_text() == "a user's index"
+
+
+@pytest.mark.parametrize("state", [
+    b'{"epoch": 1, "checkpoint": "../victim.npz", "checkpoints": ["../victim.npz"], '
+    b'"made_dir": true}',
+    b'{"epoch": 1, "checkpoint": null, "checkpoints": ["/tmp/victim.npz"], "made_dir": true}',
+    b"\x00\xff not json"])
+def test_a_hostile_backup_state_deletes_and_restores_nothing(state, tmp_path):
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    (backup_dir / "epoch").write_bytes(state)
+    victim = write_npz(tmp_path / "victim.npz", good_arrays())
+    model, (x, y) = small_model(1), data()
+    before = state_of(model)
+    with pytest.raises(CheckpointError, match=r"BackupAndRestore state '.*epoch'"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0,
+                  callbacks=[ld.callbacks.BackupAndRestore(backup_dir)])
+    assert victim.exists() and (backup_dir / "epoch").read_bytes() == state
+    assert state_of(model) == before
+
+
+@pytest.mark.parametrize("case", ["truncated in the middle", "wrong format version"])
+def test_a_damaged_backup_is_refused_and_the_model_is_unchanged(case, tmp_path):
+    backup_dir = tmp_path / "backup"
+    model, (x, y) = small_model(1, trained=0), data()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                  callbacks=[ld.callbacks.BackupAndRestore(backup_dir),
+                             Watch(backup_dir, stop_after=0)])
+    path = backup_dir / "ckpt-4.npz"
+    if case == "truncated in the middle":
+        path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    else:
+        arrays = dict(np.load(path))
+        write_npz(path, arrays | {"meta/format": np.array(2)})
+    before = state_of(model)
+    with pytest.raises(CheckpointError, match=str(path)):
+        model.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                  callbacks=[ld.callbacks.BackupAndRestore(backup_dir)])
+    assert state_of(model) == before
+    assert path.exists()  # the evidence stays
+
+
+@pytest.mark.parametrize(("kwargs", "error", "says"), [
+    ({"max_to_keep": 0}, ValueError, "max_to_keep=0 must be an integer >= 1"),
+    ({"max_to_keep": True}, ValueError, "max_to_keep=True"),
+    ({"max_to_keep": "2"}, ValueError, "max_to_keep='2'"),
+    ({"backup_dir": ""}, TypeError, "backup_dir='' must be a non-empty path"),
+    ({"backup_dir": 3}, TypeError, "backup_dir=3"),
+])
+def test_backup_arguments_are_checked(kwargs, error, says):
+    with pytest.raises(error, match=says):
+        ld.callbacks.BackupAndRestore(**({"backup_dir": "b"} | kwargs))
+
+
+def test_a_directory_it_made_stays_when_someone_else_put_a_file_in_it(tmp_path):
+    backup_dir = tmp_path / "backup"
+
+    class Drop(ld.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            (backup_dir / "plot.png").write_bytes(b"png")
+
+    model, (x, y) = small_model(1, trained=0), data()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+              callbacks=[ld.callbacks.BackupAndRestore(backup_dir), Drop()])
+    assert sorted(p.name for p in backup_dir.iterdir()) == ["plot.png"]
