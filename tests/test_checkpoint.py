@@ -561,3 +561,16 @@ def test_a_directory_it_made_stays_when_someone_else_put_a_file_in_it(tmp_path):
     model.fit(x, y, batch_size=16, epochs=2, verbose=0,
               callbacks=[ld.callbacks.BackupAndRestore(backup_dir), Drop()])
     assert sorted(p.name for p in backup_dir.iterdir()) == ["plot.png"]
+
+
+def test_a_backup_of_the_earlier_version_still_resumes(tmp_path):
+    """Its state file held the epoch alone, and the index named the checkpoint."""
+    backup_dir = tmp_path / "backup"
+    source = small_model(5, trained=2)  # 8 steps
+    ld.train.Checkpoint(model=source).save(backup_dir)
+    (backup_dir / "epoch").write_text("1")
+    model, (x, y) = small_model(1, trained=0), data()
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0,
+                        callbacks=[ld.callbacks.BackupAndRestore(backup_dir)])
+    assert history.epoch == [2] and model._iterations == 12
+    assert not any(backup_dir.iterdir())  # its files gone; the directory predates it: stays
