@@ -1,16 +1,28 @@
 """Checkpoints: a model's weights, optimizer state and step count in one `.npz` (no pickle),
-written atomically (temp file + rename), restorable under any replica count."""
+written atomically (temp file + rename), restorable under any replica count. `restore` checks
+the whole file against the model before it changes anything, then assigns all or nothing."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from labdist.training.checkpoint_files import (
+    INDEX,
+    CheckpointError,
+    atomic_write,
+    read_arrays,
+    read_headers,
+    read_index,
+)
+
+__all__ = ["FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write"]
+
 FORMAT = 1
-INDEX = "checkpoint"
+META = ("meta/format", "meta/iterations")  # required, integer scalars
+CASTING = "safe"  # a stored dtype restores into a variable only if no value can change
 
 
 class Checkpoint:
@@ -25,74 +37,141 @@ class Checkpoint:
             raise ValueError("optimizer= must be the optimizer the model was compiled with")
         self.model = model
 
-    def _arrays(self) -> dict[str, np.ndarray]:
+    def _variables(self) -> dict[str, object]:
+        """Every variable a checkpoint holds, by its key in the `.npz`."""
         m = self.model
         if not m.built or not m._compiled:
             raise RuntimeError("checkpoints need a built, compiled model (give the first layer "
                                "input_shape=, and call compile)")
         m._ensure_slots()
-        arrays = {f"weight/{v.name}": v.numpy() for w in m._weights for v in w.values()}
-        for layer_slots in m._slots:  # every replica holds the same optimizer state
+        out = {f"weight/{v.name}": v for w in m._weights for v in w.values()}
+        for layer_slots in m._slots:
             for slots in layer_slots.values():
-                for v in slots.values():
-                    arrays[f"slot/{v.name}"] = m._strategy.experimental_local_results(v)[0]
-        arrays["meta/iterations"] = np.asarray(m._iterations)
-        arrays["meta/format"] = np.asarray(FORMAT)
+                out.update({f"slot/{v.name}": v for v in slots.values()})
+        return out
+
+    def _read(self, variables: dict[str, object]) -> dict[str, np.ndarray]:
+        m = self.model
+        # every replica holds the same optimizer state: any copy of a slot is the slot
+        return {k: (v.numpy() if k.startswith("weight/")
+                    else m._strategy.experimental_local_results(v)[0])
+                for k, v in variables.items()}
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays = self._read(self._variables())
+        arrays["meta/iterations"] = np.asarray(self.model._iterations, dtype=np.int64)
+        arrays["meta/format"] = np.asarray(FORMAT, dtype=np.int64)
         return arrays
 
     def save(self, directory: str | os.PathLike) -> str:
-        """Write `ckpt-<step>.npz` in `directory` and point the index at it; returns its path."""
+        """Write `ckpt-<step>.npz` in `directory` and point the index (`checkpoint`) at it;
+        returns its path. Touches no other file of the directory."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         name = f"ckpt-{self.model._iterations}.npz"
-        atomic_write(directory / name, lambda f: np.savez(f, **self._arrays()))
+        arrays = self._arrays()
+        atomic_write(directory / name, lambda f: np.savez(f, **arrays))
         atomic_write(directory / INDEX, lambda f: f.write(name.encode()))
         return str(directory / name)
 
     def restore(self, path: str | os.PathLike) -> None:
-        """Load a checkpoint file, or the latest one of a directory, into the model."""
+        """Load a checkpoint file, or the one a directory's index names, into the model.
+
+        Everything is checked before any variable changes: the index names a file inside the
+        directory; every array's npy header (read without its data) matches a variable's
+        name and shape, with a dtype that casts to the variable's under numpy's "safe" rule;
+        no array is missing or extra; `meta/format` is this version and `meta/iterations` a
+        count. Any failure raises `CheckpointError` naming the file, and the model is as it
+        was. If an assignment still fails (a worker lost mid-restore), the variables already
+        assigned are put back to the values read before (see `_assign_all` for when that
+        cannot reach a replica)."""
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
         if path.is_dir():
-            index = path / INDEX
-            if not index.exists():
-                raise FileNotFoundError(f"no checkpoint in {str(path)!r} (no {INDEX!r} index)")
-            path = path / index.read_text().strip()
-        with np.load(path, allow_pickle=False) as data:
-            stored = {k: data[k] for k in data.files}
-        expected = {k: v for k, v in self._arrays().items() if not k.startswith("meta/")}
-        found = {k for k in stored if not k.startswith("meta/")}
-        if found != set(expected):
-            missing, extra = sorted(set(expected) - found), sorted(found - set(expected))
-            raise ValueError(f"checkpoint {str(path)!r} does not match this model: missing "
-                             f"{missing}, unexpected {extra}")
-        for key, want in expected.items():
-            if stored[key].shape != want.shape:
-                raise ValueError(f"checkpoint {str(path)!r}: {key} has shape "
-                                 f"{stored[key].shape}, the model has {want.shape}")
+            path = read_index(path)
+        elif not path.is_file():
+            raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file")
+        variables = self._variables()
+        headers = read_headers(path)
+        self._check_meta(path, headers)
+        self._check_arrays(path, headers, variables)
+        stored = read_arrays(path, sorted(headers))
+        iterations = self._check_meta_values(path, stored)
+        before = self._read(variables)
+        self._assign_all(path, variables, stored, before)
+        self.model._iterations = iterations
+
+    def _check_meta(self, path: Path, headers: dict) -> None:
+        for key in META:
+            if key not in headers:
+                raise CheckpointError(f"checkpoint {str(path)!r} has no {key!r}: not a labdist "
+                                      "checkpoint, or a damaged one")
+            shape, dtype = headers[key]
+            if shape != () or dtype.kind not in "iu":
+                raise CheckpointError(f"checkpoint {str(path)!r}: {key!r} is {dtype} of shape "
+                                      f"{shape}; it must be an integer scalar")
+
+    def _check_arrays(self, path: Path, headers: dict, variables: dict) -> None:
+        found = {k for k in headers if k not in META}
+        if found != set(variables):
+            missing, extra = sorted(set(variables) - found), sorted(found - set(variables))
+            raise CheckpointError(f"checkpoint {str(path)!r} does not match this model: "
+                                  f"missing {missing}, unexpected {extra}")
+        for key, v in variables.items():
+            shape, dtype = headers[key]
+            if shape != tuple(v.shape):
+                raise CheckpointError(f"checkpoint {str(path)!r}: {key} has shape {shape}, "
+                                      f"the model has {tuple(v.shape)}")
+            if not np.can_cast(dtype, v.dtype, casting=CASTING):
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: {key} is {dtype}, which does not restore into "
+                    f"the model's {v.dtype} without changing values (allowed: {v.dtype} or a "
+                    f"dtype numpy casts to it under casting={CASTING!r})")
+
+    def _check_meta_values(self, path: Path, stored: dict) -> int:
+        fmt, iterations = int(stored["meta/format"]), int(stored["meta/iterations"])
+        if fmt != FORMAT:
+            raise CheckpointError(f"checkpoint {str(path)!r} has format {fmt}; this labdist "
+                                  f"reads format {FORMAT}")
+        if iterations < 0:
+            raise CheckpointError(f"checkpoint {str(path)!r}: meta/iterations is {iterations}; "
+                                  "it must be >= 0")
+        return iterations
+
+    def _assign_all(self, path: Path, variables: dict, stored: dict, before: dict) -> None:
+        """Assign every variable; if one assignment fails, assign back `before` to those
+        already written (and the one that failed) and re-raise.
+
+        Why a rollback can fail: the strategy writes every replica's copy, and a replica
+        whose worker is gone cannot be written, neither forward nor back. Then the error
+        names the variables the rollback did not reach; `strategy.recover()` (BackupAndRestore
+        calls it before restoring) re-forms on the workers present, and a second restore
+        makes the model whole."""
         m = self.model
-        with m._strategy.scope():  # checked everything first: nothing half-restored
-            for w in m._weights:
-                for v in w.values():
-                    v.assign(stored[f"weight/{v.name}"])
-            for layer_slots in m._slots:
-                for slots in layer_slots.values():
-                    for v in slots.values():
-                        v.assign(stored[f"slot/{v.name}"])
-        m._iterations = int(stored["meta/iterations"])
+        done: list[str] = []
+        with m._strategy.scope():
+            try:
+                for key, v in variables.items():
+                    done.append(key)
+                    v.assign(stored[key].astype(v.dtype, copy=False))
+            except BaseException as error:
+                failed = _roll_back(variables, before, done)
+                if failed:
+                    raise CheckpointError(
+                        f"restoring {str(path)!r} failed at {done[-1]} ({error}), and rolling "
+                        f"back failed for {failed}: those variables may hold the checkpoint's "
+                        "values on some replicas; call strategy.recover() and restore again"
+                    ) from error
+                raise
 
 
-def atomic_write(target: Path, write) -> None:
-    """Write `target` through a temp file and a rename: a crash leaves the old file or the
-    new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _roll_back(variables: dict, before: dict, keys: list[str]) -> list[str]:
+    """Assign `before` back to `keys`, trying every one; returns those that failed."""
+    failed = []
+    for key in keys:
+        try:
+            variables[key].assign(before[key])
+        except Exception:
+            failed.append(key)
+    return failed
