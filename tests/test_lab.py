@@ -362,6 +362,7 @@ def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
         assert sum(stats["staleness"].values()) == 120
         assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
         assert stats["torn_reads"] >= 0
+        assert stats["lost_updates"] <= stats["updates"]  # counted, each lost update once
 
 
 def test_subscribe_delivers_the_run_until_unsubscribed(strategy):

@@ -162,6 +162,7 @@ def test_parameter_server_staleness_reaches_the_histogram(strategy):
         assert sum(added.values()) == 20 * 2 * 2  # a push per variable, worker and round
         assert dict(added) == panel.charts["staleness"].counts
         assert "torn reads: " in panel.charts["staleness"].note
+        assert "lost updates: " in panel.charts["staleness"].note  # beside the torn reads
         panel.close()
         lab.step(2)  # a closed panel no longer collects the run's items
         assert panel.publisher.items.empty()

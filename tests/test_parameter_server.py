@@ -128,6 +128,7 @@ def test_async_updates_are_pushed_and_counted_per_worker(client):
         assert sum(stats.updates_per_worker.values()) == stats.updates == 30
         assert stats.updates_per_worker == {w: sum(r[0] == w for r in results) for w in workers}
         assert sum(stats.staleness.values()) == 30 and stats.torn_reads == 0
+        assert stats.lost_updates == 0  # stale reads, but every assign_add landed
         assert stats.global_step == 30
         # every after is a value the counter really held, and includes the worker's own push
         assert all((a - b)[0] >= 1.0 for _, b, a in results)
@@ -237,6 +238,7 @@ def test_with_locking_updates_are_serialised_and_reads_never_torn(client):
         stats = s.stats()
     assert torn == 0 and stats.torn_reads == 0
     assert stats.interleaved_updates == 0
+    assert stats.lost_updates == 0
     assert {(0.0, 0.0), (1.0, 1.0)} <= states  # the reads overlapped the updates, no lock
     np.testing.assert_array_equal(final, 2.0)  # serialised: nothing lost
 

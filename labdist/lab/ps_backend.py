@@ -130,11 +130,11 @@ class ParameterServerBackend:
     def _snapshot(self) -> dict:
         s = self.strategy.stats()
         return {"staleness": dict(s.staleness), "torn_reads": s.torn_reads,
-                "updates": s.updates, "dropped": s.dropped_stale}
+                "lost_updates": s.lost_updates, "updates": s.updates, "dropped": s.dropped_stale}
 
     def stats(self, force: bool = False) -> dict | None:
         """The counters since this backend became current: {"staleness": {s: n},
-        "torn_reads", "updates", "dropped"} (None when fetched too recently)."""
+        "torn_reads", "lost_updates", "updates", "dropped"} (None when fetched too recently)."""
         now = time.monotonic()
         if not force and now - self._stats_at < STATS_EVERY_S:
             return None
@@ -143,7 +143,8 @@ class ParameterServerBackend:
         hist = Counter(snap["staleness"])
         hist.subtract(base.get("staleness", {}))
         return {"staleness": {k: v for k, v in sorted(hist.items()) if v},
-                **{k: snap[k] - base.get(k, 0) for k in ("torn_reads", "updates", "dropped")}}
+                **{k: snap[k] - base.get(k, 0)
+                   for k in ("torn_reads", "lost_updates", "updates", "dropped")}}
 
     def close(self) -> None:
         self.variables = None

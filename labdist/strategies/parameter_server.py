@@ -44,7 +44,9 @@ class ParameterServerStrategy(Strategy):
     num_ps: parameter-server tasks (each on its own worker when the cluster has enough).
     mode: "async" or "sync".
     use_locking: serialise the updates of each variable (reads never lock, and never see an
-        update half applied); without it updates interleave and torn reads happen (counted).
+        update half applied); without it updates interleave, torn reads happen and updates
+        can be lost (both counted: `stats()`). Neither way protects a read-modify-write across
+        a pull and a push (read, then assign): the updates it overwrites are counted lost.
     replicas_to_aggregate, total_num_replicas: sync mode; gradients per update (default: all)
         and workers taking part in each step (default: num_workers); more workers than
         gradients aggregated makes backups whose late gradients are dropped.
@@ -197,8 +199,8 @@ class ParameterServerStrategy(Strategy):
 
     # -- lab controls and figures -----------------------------------------------------------
     def stats(self) -> ParameterServerStats:
-        """Staleness histogram, torn reads, interleaved updates, updates per worker, dropped
-        stale gradients, global step and throughput (stats.py)."""
+        """Staleness histogram, torn reads, lost updates, interleaved updates, updates per
+        worker, dropped stale gradients, global step and throughput (ps_stats.py)."""
         self._check_open()
         shards = self._ps_group.store_call_all("stats")
         step = (shards[0]["global_step"] if self.mode == "sync"

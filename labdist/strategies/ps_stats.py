@@ -1,6 +1,6 @@
 """What parameter-server training did, counted where it happens (on each PS) and merged on the
-driver: the staleness histogram, torn reads, interleaved updates, updates per worker, dropped
-stale gradients, the global step and throughput.
+driver: the staleness histogram, torn reads, lost updates, interleaved updates, updates per
+worker, dropped stale gradients, the global step and throughput.
 
 Counts are per PS shard: with `num_ps=k`, a step whose variables span every shard is k pushes,
 so k updates and k staleness samples.
@@ -26,6 +26,11 @@ class ParameterServerStats:
     reads: int  # variable reads by workers
     torn_reads: int  # reads that saw a partially applied update
     interleaved_updates: int  # updates that began while another update of the variable ran
+    # updates overwritten by a write that never saw them, wholly or on some chunks: an assign
+    # computed from an older read, or (without use_locking) two updates holding one chunk at
+    # once (worker/ps/chunked.py). Per worker: whose updates were lost (driver writes: none)
+    lost_updates: int
+    lost_per_worker: dict[int, int]
     dropped_stale: int  # sync: late (backup) gradients dropped
     dropped_per_worker: dict[int, int]
     elapsed: float  # seconds from the first to the last update
@@ -64,6 +69,8 @@ class ParameterServerStats:
             staleness=add("staleness"), reads=sum(s["reads"] for s in shards),
             torn_reads=sum(s["torn_reads"] for s in shards),
             interleaved_updates=sum(s["interleaved"] for s in shards),
+            lost_updates=sum(s["lost_updates"] for s in shards),
+            lost_per_worker=add("lost_per_worker"),
             dropped_stale=sum(s["dropped"] for s in shards),
             dropped_per_worker=add("dropped_per_worker"),
             elapsed=(max(lasts) - min(firsts)) if firsts else 0.0,
@@ -79,7 +86,8 @@ class ParameterServerStats:
             f"  updates per worker: {self.updates_per_worker}",
             f"  staleness: {self.staleness} (mean {self.mean_staleness:.2f}, "
             f"max {self.max_staleness})",
-            f"  reads: {self.reads}, torn: {self.torn_reads}; interleaved updates: "
+            f"  reads: {self.reads}, torn: {self.torn_reads}; lost updates: "
+            f"{self.lost_updates} {self.lost_per_worker}; interleaved updates: "
             f"{self.interleaved_updates}",
         ]
         if self.mode == "sync":

@@ -1,5 +1,5 @@
 """`Histogram`: counts per integer bin, sent as increments — the parameter servers' staleness
-histogram, with torn reads and dropped gradients in its note. Front end:
+histogram, with torn reads, lost updates and dropped gradients in its note. Front end:
 widgets/histogram.js."""
 
 from __future__ import annotations

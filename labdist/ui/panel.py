@@ -30,7 +30,8 @@ def make_charts(lab) -> dict:
                                      series=["steps / s"], colors=["#2b8a3e"])
     charts["staleness"] = Histogram(
         title="parameter-server staleness", x_label="staleness (updates between read and "
-        "apply)", y_label="updates", note="torn reads: 0 (no parameter-server steps yet)")
+        "apply)", y_label="updates",
+        note="torn reads: 0 · lost updates: 0 (no parameter-server steps yet)")
     if lab.model.plane:
         a, b = lab.model.plane
         charts["plane"] = ParameterPlane(

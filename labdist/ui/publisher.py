@@ -144,6 +144,7 @@ class Publisher:
         self._ps_seen = seen
         self.charts["staleness"].add(delta)
         self.charts["staleness"].note = (f"torn reads: {item['torn_reads']} · "
+                                         f"lost updates: {item['lost_updates']} · "
                                          f"updates: {item['updates']} · dropped stale: "
                                          f"{item['dropped']}")
 

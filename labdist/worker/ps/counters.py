@@ -21,6 +21,8 @@ class StoreCounters:
             self.torn_reads = 0
             self.updates = 0
             self.interleaved = 0
+            self.lost_updates = 0
+            self.lost_per_worker: Counter[int] = Counter()
             self.dropped = 0
             self.staleness: Counter[int] = Counter()
             self.per_worker: Counter[int] = Counter()
@@ -46,6 +48,17 @@ class StoreCounters:
             self.first = now if self.first is None else self.first
             self.last = now
 
+    def lost(self, owners: list) -> None:
+        """Updates found lost (chunked.py), by owner: (worker, function key), or None for the
+        driver's writes and for updates too old to name."""
+        if not owners:
+            return
+        with self._lock:
+            self.lost_updates += len(owners)
+            for owner in owners:
+                if owner is not None:
+                    self.lost_per_worker[owner[0]] += 1
+
     def dropped_stale(self, worker: int | None) -> None:
         with self._lock:
             self.dropped += 1
@@ -56,6 +69,8 @@ class StoreCounters:
         with self._lock:
             return {"reads": self.reads, "torn_reads": self.torn_reads,
                     "updates": self.updates, "interleaved": self.interleaved,
+                    "lost_updates": self.lost_updates,
+                    "lost_per_worker": dict(self.lost_per_worker),
                     "dropped": self.dropped, "staleness": dict(self.staleness),
                     "per_worker": dict(self.per_worker),
                     "dropped_per_worker": dict(self.dropped_per_worker),

@@ -85,7 +85,8 @@ class ParameterStore:
 
     async def write(self, var_id: int, mode: str, host: np.ndarray, want: bool):
         value = self._value(var_id)
-        await self._run(value.update, make_kernel(mode, host), self.use_locking, 0.0)
+        _, _, lost = await self._run(value.update, make_kernel(mode, host), self.use_locking)
+        self.counters.lost(lost)  # a driver's write can make a concurrent worker update lost
         return (await self._run(value.read))[0] if want else None
 
     async def bind(self, var_id: int, optimizer: Any, slot_ids: dict[str, int]) -> None:
@@ -167,7 +168,8 @@ class ParameterStore:
         passes barrier=False: its next pull waits for the step instead."""
         self._check(items)
         if self.sync is None:
-            return await self._run(self._apply_async, worker, items, basis or {}, want)
+            return await self._run(self._apply_async, worker, items, basis or {}, want,
+                                   (worker, key))
         verdict = self.sync.offer(key or ("blind", id(items)), worker, step, items)
         if verdict == STALE:
             self.counters.dropped_stale(worker)
@@ -198,23 +200,28 @@ class ParameterStore:
                 raise ValueError(f"variable #{var_id}: a gradient was pushed but no optimizer "
                                  "is bound to it on this parameter server")
 
-    def _update(self, var_id: int, kind: str, array: np.ndarray, step: int | None
-                ) -> tuple[bool, int]:
+    def _update(self, var_id: int, kind: str, array: np.ndarray, step: int | None,
+                owner: tuple | None = None, basis: int | None = None
+                ) -> tuple[bool, int, list]:
         if kind == "gradient":
             optimizer, slot_ids = self.optimizers[var_id]
             slots = {name: self.values[s].array() for name, s in slot_ids.items()}
             kernel = make_kernel(kind, array, optimizer, slots, step)
         else:
             kernel = make_kernel(kind, array)
-        return self.values[var_id].update(kernel, self.use_locking, self.chunk_delay)
+        return self.values[var_id].update(kernel, self.use_locking, self.chunk_delay, owner,
+                                          basis)
 
-    def _apply_async(self, worker, items, basis: dict[int, int], want) -> dict:
+    def _apply_async(self, worker, items, basis: dict[int, int], want, owner: tuple) -> dict:
         """Apply a push now. Its staleness: the most updates that landed on one of its
-        variables between the worker's read and this update's start."""
+        variables between the worker's read and this update's start. `owner` (worker, the
+        function's key) made it: what it overwrites of others' is lost (chunked.py)."""
         staleness, interleaved = None, 0
         for var_id, kind, array, _ in items:
-            overlapped, prior = self._update(var_id, kind, array, None)
+            overlapped, prior, lost = self._update(var_id, kind, array, None, owner,
+                                                   basis.get(var_id))
             interleaved += overlapped
+            self.counters.lost(lost)
             if var_id in basis:
                 late = max(prior - basis[var_id], 0)
                 staleness = late if staleness is None else max(staleness, late)
