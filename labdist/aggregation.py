@@ -66,9 +66,14 @@ class Aggregation:
         that change it (integer MEAN) stay on the host path."""
         return (self.nccl_op is not None or self.first_only) and self.keeps_dtype(dtype)
 
-    def ps_values(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def ps_values(self, arrays: list[np.ndarray], weights: list[float] | None = None
+                  ) -> list[np.ndarray]:
         """What a sync parameter server applies to a variable for the workers' values (in key
-        order): each in turn (NONE), the first, or one combined value of the variable's dtype."""
+        order): each in turn (NONE), the first, or one combined value of the variable's dtype.
+
+        `weights`: how many examples each value stands for. MEAN is then the mean over
+        examples, not over workers (what MirroredStrategy computes when shards differ in
+        size); equal or all-zero weights give the plain mean. Other modes ignore them."""
         if not self.reduces:
             return list(arrays)
         if self.first_only:
@@ -77,7 +82,21 @@ class Aggregation:
         if not self.keeps_dtype(dtype):
             raise ValueError(f"aggregation {self.name} of {dtype.name} values: the result "
                              f"would be {self.result_dtype(dtype).name}, not {dtype.name}")
+        if self.divides and weights is not None and len(set(weights)) > 1 and sum(weights) > 0:
+            return [_weighted_mean(arrays, weights, dtype)]
         return [self.combine(arrays, out=np.empty_like(arrays[0]))]
+
+
+def _weighted_mean(arrays: list[np.ndarray], weights: list[float], dtype: np.dtype
+                   ) -> np.ndarray:
+    """sum(w * a) / sum(w), accumulated in (at least) float64 in key order, stored as `dtype`."""
+    wide = np.result_type(dtype, np.float64)
+    acc = np.zeros(np.shape(arrays[0]), wide)
+    for a, w in zip(arrays, weights, strict=True):
+        if w:
+            acc += np.multiply(a, w, dtype=wide)
+    acc /= sum(weights)
+    return acc.astype(dtype, copy=False)
 
 
 def _copy_into(out: np.ndarray, value: Any) -> np.ndarray:

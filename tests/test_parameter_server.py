@@ -11,7 +11,9 @@ a flag variable before they race.
 
 from __future__ import annotations
 
+import itertools
 import os
+import threading
 import time
 
 import numpy as np
@@ -285,19 +287,30 @@ def test_training_reaches_the_target_loss_and_stats_show_the_mode(client, name):
     assert sum(stats.updates_per_worker.values()) == stats.updates
 
 
-def test_sync_mode_gives_mirrored_strategys_weights(client):
+@pytest.mark.parametrize(("workers", "batch", "size", "momentum", "epochs"), [
+    (2, 64, 1408, 0.5, 2),  # even shards
+    (2, 33, 1397, 0.0, 1),  # 17 + 16, and a short last batch of 11 (6 + 5)
+    (2, 33, 1397, 0.5, 1),
+    (3, 32, 1390, 0.5, 1),  # 11 + 11 + 10, and a short last batch of 14 (5 + 5 + 4)
+], ids=["even", "33-on-2-sgd", "33-on-2-momentum", "32-on-3-momentum"])
+def test_sync_mode_gives_mirrored_strategys_weights(client, workers, batch, size, momentum,
+                                                    epochs):
     """All workers aggregated, SGD: SyncReplicas on parameter servers and MirroredStrategy are
-    the same algorithm; the weights match."""
+    the same algorithm; the weights match however unevenly a batch splits over the workers
+    (the PSs weigh each shard's gradient by its examples, as the global batch's mean does)."""
     x, y, _, _ = digits()
+    x, y = x[:size], y[:size]
+    steps = epochs * -(-size // batch)
     results = []
-    for strategy in (ld.ParameterServerStrategy(client, num_workers=2, mode="sync"),
-                     ld.MirroredStrategy(cluster=client, num_replicas=2)):
+    for strategy in (ld.ParameterServerStrategy(client, num_workers=workers, mode="sync"),
+                     ld.MirroredStrategy(cluster=client, num_replicas=workers)):
         with strategy:
-            model = mlp(strategy, ld.optimizers.SGD(0.1, momentum=0.5), hidden=32)
-            history = model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
+            model = mlp(strategy, ld.optimizers.SGD(0.1, momentum=momentum), hidden=32)
+            history = model.fit(x, y, epochs=epochs, batch_size=batch, verbose=0,
+                                shuffle=False)
             results.append((model.get_weights(), history.history["loss"]))
             if isinstance(strategy, ld.ParameterServerStrategy):
-                assert strategy.stats().global_step == 2 * 22
+                assert strategy.stats().global_step == steps
     (ps_weights, ps_loss), (mirrored_weights, mirrored_loss) = results
     for a, b in zip(ps_weights, mirrored_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -330,6 +343,130 @@ def test_sync_functions_aggregate_with_the_variables_aggregation(client):
         assert [float(v.numpy()) for v in (mean, total, each)] == [6.0, 12.0, 6.0]
     assert seen == [0.0, 0.0, 2.0, 2.0, 4.0, 4.0]  # both workers read each step's values
     assert stats.global_step == 3 and stats.staleness == {0: 6}
+
+
+def joined(coordinator, within: float = 60.0) -> None:
+    """coordinator.join(), failing the test (not hanging it) if it does not return in time."""
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_try(coordinator.join)),
+                              daemon=True)
+    thread.start()
+    thread.join(within)
+    assert outcome, f"coordinator.join() did not return within {within:g} s"
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _try(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as e:  # handed to the test's thread
+        return e
+    return None
+
+
+@pytest.mark.timeout(90)
+def test_sync_join_applies_the_step_the_last_functions_do_not_fill(client):
+    """Five functions on two workers, both aggregated: the fifth's write has no partner. join
+    applies it as a step of its own instead of waiting forever; strategy.run (a fetch) too."""
+    with ld.ParameterServerStrategy(client, num_workers=2, mode="sync") as s:
+        with s.scope():
+            mean = ld.Variable(0.0, aggregation="MEAN", name="mean")
+            total = ld.Variable(0.0, aggregation="SUM", name="total")
+        coordinator = ld.ClusterCoordinator(s)
+
+        def step(k):
+            mean.assign_add(float(k))
+            total.assign_add(float(k))
+
+        for k in range(5):
+            coordinator.schedule(step, args=(k,))
+        joined(coordinator)
+        assert float(mean.numpy()) == (0 + 1) / 2 + (2 + 3) / 2 + 4  # the last step: 4 alone
+        assert float(total.numpy()) == 10.0
+        stats = s.stats()
+        assert (stats.global_step, stats.updates, stats.dropped_stale) == (3, 5, 0)
+        s.run(step, args=(10,))  # one function: a step of its own, nothing to wait for
+        assert float(total.numpy()) == 20.0 and s.stats().global_step == 4
+        for k in range(4):  # and steps pair up as before afterwards
+            coordinator.schedule(step, args=(k,))
+        joined(coordinator)
+        assert s.stats().global_step == 6 and float(total.numpy()) == 26.0
+
+
+@pytest.mark.timeout(120)
+def test_sync_join_returns_with_backup_workers_and_a_straggler(client):
+    """Three workers, two aggregated, one a straggler, hand-scheduled functions: every join
+    returns, and each function's write was either used or counted as dropped."""
+    with ld.ParameterServerStrategy(client, num_workers=3, mode="sync",
+                                    replicas_to_aggregate=2) as s:
+        with s.scope():
+            count = ld.Variable(0.0, aggregation="SUM", name="count")
+        s.set_worker_delay(2, 0.3)  # its write comes after the others filled its step
+        coordinator = ld.ClusterCoordinator(s)
+
+        def step():
+            count.read_value()  # the read tags the push with its step (a late one is stale)
+            count.assign_add(1.0)
+
+        for n in (4, 5, 4, 4):  # three fresh writes of four: one has no partner
+            for _ in range(n):
+                coordinator.schedule(step)
+            joined(coordinator)
+        stats = s.stats()
+        applied = float(count.numpy())
+    assert stats.updates + stats.dropped_stale == 17
+    assert applied == stats.updates  # every accepted write applied, once
+    assert stats.updates / 2 <= stats.global_step <= stats.updates
+
+
+@pytest.mark.timeout(90)
+def test_sync_functions_weigh_a_mean_by_their_examples(client):
+    """Hand-scheduled SGD on a linear model, global batches of 33 split 10 + 10 + 13 over three
+    workers and a short last batch of 20 (12 + 8, the step join completes): with each function
+    saying how many examples it saw, the weights are full-batch gradient descent's."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(119, 5)).astype(np.float32)
+    y = (x @ np.arange(1, 6, dtype=np.float32) + 0.1 * rng.normal(size=119)).astype(np.float32)
+    batches = [(0, 33), (33, 66), (66, 99), (99, 119)]
+    splits = [(10, 10, 13)] * 3 + [(12, 8)]
+    lr = 0.05
+    with ld.ParameterServerStrategy(client, num_workers=3, mode="sync") as s:
+        with s.scope():
+            w = ld.Variable(np.zeros(5, np.float32), aggregation="MEAN", name="w")
+        coordinator = ld.ClusterCoordinator(s)
+
+        def sgd(xs, ys):
+            ld.get_replica_context().set_num_examples(len(xs))
+            err = xs @ w.read_value() - ys
+            w.assign_sub(lr * 2 * xs.T @ err / len(xs))  # this shard's mean gradient
+
+        for (lo, _), sizes in zip(batches, splits, strict=True):
+            for a, b in itertools.pairwise(lo + np.cumsum([0, *sizes])):
+                coordinator.schedule(sgd, args=(x[a:b], y[a:b]))
+        joined(coordinator)
+        got = w.numpy()
+        assert s.stats().global_step == 4
+    expected = np.zeros(5, np.float64)
+    for lo, hi in batches:
+        xb, yb = x[lo:hi].astype(np.float64), y[lo:hi].astype(np.float64)
+        expected -= lr * 2 * xb.T @ (xb @ expected - yb) / len(xb)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "10", True])
+def test_set_num_examples_refuses_bad_counts(client, bad):
+    with ld.ParameterServerStrategy(client, num_workers=2, mode="sync") as s:
+        with s.scope():
+            v = ld.Variable(0.0, aggregation="MEAN", name="v")
+
+        def step():
+            ld.get_replica_context().set_num_examples(bad)
+            v.assign_add(1.0)
+
+        with pytest.raises(ValueError, match=r"num_examples=.* finite number >= 0"):
+            s.run(step)
+        assert float(v.numpy()) == 0.0  # nothing pushed
 
 
 def mlp_initial_kernel():

@@ -24,7 +24,7 @@ import labdist as ld
 from labdist.cluster import start_local_cluster
 
 NEEDED = 3  # one parameter server and two workers
-SPARE = 3  # the tests kill three processes before the last one: it never waits for restarts
+SPARE = 5  # the tests kill five processes before the last one: it never waits for restarts
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +138,56 @@ def test_training_goes_on_when_a_worker_is_killed_mid_fit(client, mode):
     assert stats.updates_per_worker[0] > stats.updates_per_worker.get(1, 0)
     assert history.history["loss"][-1] < 0.3
     assert val_acc > 0.9
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backup", [True, False], ids=["backup", "no-backup"])
+def test_sync_join_is_bounded_when_a_worker_dies_at_a_barrier(client, backup):
+    """Hand-scheduled sync functions, a worker SIGKILLed while the others wait at a step's
+    barrier. With a backup worker join returns and every function's write is used or counted
+    as dropped, once; without one no step can fill up again and join raises saying so."""
+    workers = 3 if backup else 2
+    client.wait_for_workers(workers + 1, timeout=60)
+    with ld.ParameterServerStrategy(client, num_workers=workers, mode="sync",
+                                    replicas_to_aggregate=2) as strategy:
+        with strategy.scope():
+            count = ld.Variable(0.0, aggregation="SUM", name="count")
+        coordinator = ld.ClusterCoordinator(strategy)
+        doomed = workers - 1
+
+        def work(i):
+            count.read_value()
+            if ld.get_replica_context().worker_index == doomed and i >= 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # before its push: nothing of it lands
+            time.sleep(0.02)
+            count.assign_add(1.0)
+
+        for i in range(8):
+            coordinator.schedule(work, args=(i,))
+        outcome: list = []
+        waiter = threading.Thread(target=lambda: outcome.append(_join(coordinator)),
+                                  daemon=True)
+        waiter.start()
+        waiter.join(60)
+        assert outcome, "coordinator.join() did not return within 60 s"
+        assert coordinator.lost_workers == [strategy.workers[doomed]]
+        stats = strategy.stats()
+        if backup:
+            assert outcome[0] is None
+            assert float(count.numpy()) == stats.updates  # each accepted write applied once
+            assert stats.updates + stats.dropped_stale == 8
+            assert stats.updates / 2 <= stats.global_step <= stats.updates
+        else:
+            assert isinstance(outcome[0], RuntimeError)
+            assert "fewer workers are left than replicas_to_aggregate" in str(outcome[0])
+
+
+def _join(coordinator) -> BaseException | None:
+    try:
+        coordinator.join()
+    except BaseException as e:  # handed to the test's thread
+        return e
+    return None
 
 
 def test_a_lost_parameter_server_stops_the_run_naming_it_and_the_checkpoint_restores(

@@ -245,3 +245,17 @@ def test_what_a_sync_parameter_server_applies():
     assert list(mean) == [2, 3.5] and list(a) == [1, 2]  # inputs untouched
     with pytest.raises(ValueError, match="MEAN of int64 values"):
         aggregation.of("MEAN").ps_values([np.arange(2), np.arange(2)])
+
+
+def test_a_sync_parameter_servers_mean_weighs_values_by_their_examples():
+    """17 + 16 examples: the mean over examples (what a mirrored step computes), not over
+    workers; equal or all-zero weights are the plain mean; SUM ignores the weights."""
+    a, b = np.array([1.0, 2.0], np.float32), np.array([3.0, 5.0], np.float32)
+    mean = aggregation.of("MEAN")
+    (weighted,) = mean.ps_values([a, b], [17, 16])
+    assert weighted.dtype == np.float32
+    np.testing.assert_allclose(weighted, (17 * a + 16 * b) / 33, rtol=1e-7)
+    assert list(mean.ps_values([a, b], [4, 4])[0]) == [2, 3.5]
+    assert list(mean.ps_values([a, b], [0, 0])[0]) == [2, 3.5]
+    assert list(mean.ps_values([a, b], [0, 5])[0]) == [3, 5]  # an empty shard counts nothing
+    assert list(aggregation.of("SUM").ps_values([a, b], [17, 16])[0]) == [4, 7]

@@ -8,6 +8,9 @@ order, so ahead of later work) and another worker runs it (at-least-once: what i
 dying stays pushed, as in TF).
 A lost parameter server stops everything with an error naming it. Closing (strategy.close())
 ends every wait: what had not finished raises, and so does anything asked of it afterwards.
+In sync mode, functions that wait at a step barrier no other function will reach (the fifth of
+five on two workers) are not left waiting: once nothing is queued and every function in flight
+waits at a barrier, that step is applied with what it holds (`join`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -36,9 +40,20 @@ class RemoteValue:
 
     def __init__(self):
         self._future: concurrent.futures.Future = concurrent.futures.Future()
+        self._while_waiting: Callable[[], None] | None = None  # set when dispatched (sync)
 
     def fetch(self, timeout: float | None = None) -> Any:
-        return self._future.result(timeout)
+        """Wait for the result. Sync mode: waiting for it says nothing more is coming first,
+        so a step it waits at that cannot fill up is applied as it is (see `join`); without
+        this `strategy.run(fn)` on two workers would wait for a partner forever."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            concurrent.futures.wait([self._future], timeout=max(left, 0))
+            if self._future.done() or (deadline is not None and time.monotonic() >= deadline):
+                return self._future.result(0)
+            if self._while_waiting is not None:
+                self._while_waiting()
 
     get = fetch
 
@@ -103,12 +118,13 @@ class ClusterCoordinator:
         self._group = strategy._ps_group
         self._cv = threading.Condition()
         self._queue: deque[_Closure] = deque()
-        self._in_flight = 0
+        self._in_flight: dict[int, _Closure] = {}  # worker -> the function it runs
         self._error: BaseException | None = None  # the first function error, for join
         self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
         self._alive = set(range(self._group.num_workers))
         self.lost_workers: list[str] = []
         self._closed = False
+        self._sync = strategy.mode == "sync"
         self._keys = itertools.count()
         self._threads = [threading.Thread(target=self._dispatch, args=(w,), daemon=True,
                                           name=f"labdist-coordinator-{w}")
@@ -136,11 +152,23 @@ class ClusterCoordinator:
     def join(self) -> None:
         """Wait until every scheduled function has finished; raise the first error one of them
         raised (the rest were cancelled then), or the error that stopped the cluster; once
-        closed, the error saying so."""
-        with self._cv:
-            while (self._queue or self._in_flight) and self._fatal is None and not self._closed:
-                self._cv.wait(1.0)
+        closed, the error saying so.
+
+        Sync mode: when the functions do not fill the last step (5 functions, 2 workers
+        aggregated: the fifth's gradient has no partner), that step is applied with the
+        gradients it holds, weighted by their examples (`set_num_examples`), as a short last
+        batch is, and counts one global step: join never waits for a function that will not
+        come. It does so only once nothing is queued and every function in flight waits at a
+        barrier, so a straggler still computing is waited for, never cut off."""
+        while True:
+            with self._cv:
+                if (not (self._queue or self._in_flight) or self._fatal is not None
+                        or self._closed):
+                    break
+                self._cv.wait(POLL_S)
+            self._unstall()
         self._check_open()
+        self._unstall()  # a step held only by functions released earlier (a lost worker)
         self._raise_pending()
 
     def done(self) -> bool:
@@ -200,6 +228,34 @@ class ClusterCoordinator:
             "function finished: it ran in part or not at all; schedule it again on a new "
             "strategy's coordinator (restore the last checkpoint first)")
 
+    def _unstall(self) -> None:
+        """Sync mode: if nothing is queued and every function in flight waits at a step
+        barrier (on some parameter server, after all its pushes landed), no push can complete
+        those steps: apply each as it is (SyncReplicas.flush). The parameter servers only flush
+        a step still open at the step the coordinator saw. Not after a function failed: join
+        raises, and a failed function's write must not be applied."""
+        if not self._sync or self._closed:
+            return
+        with self._cv:
+            if self._queue or self._fatal is not None or self._error is not None:
+                return
+            keys = {c.key for c in self._in_flight.values()}
+        try:
+            states = self._group.store_call_all("sync_waiting")
+            waiting = {tuple(k) for state in states for k in state["waiting"]}
+            if not keys <= waiting:
+                return  # some function is still computing (or pushing): it may fill the step
+            with self._cv:  # still the same functions, and nothing new queued meanwhile
+                if self._queue or {c.key for c in self._in_flight.values()} != keys:
+                    return
+            for i, state in enumerate(states):
+                if state["pending"] and not state["applying"]:
+                    self._group.store_call(i, "flush_step", state["step"])
+        except ValueError as e:  # the step's pushes disagree (SyncReplicas.apply)
+            self._fail(e)
+        except Exception:  # a lost parameter server: the dispatchers stop everything
+            return
+
     # -- dispatching ------------------------------------------------------------------------
     def _raise_pending(self) -> None:
         with self._cv:
@@ -220,7 +276,8 @@ class ClusterCoordinator:
                     if not self._runnable(w):
                         return
                     closure = self._queue.popleft()
-                    self._in_flight += 1
+                    self._in_flight[w] = closure
+                    closure.value._while_waiting = self._unstall
             if report_idle:  # no work for this worker: it must not hold others back (SSP)
                 idle_reported = True
                 self._group.worker_idle(w)
@@ -280,7 +337,7 @@ class ClusterCoordinator:
                     self._requeue(closure)
                 else:
                     closure.cancel()
-                self._in_flight -= 1
+                self._in_flight.pop(w, None)
                 self._cv.notify_all()
             return True
         if kind == "ok":
@@ -300,7 +357,7 @@ class ClusterCoordinator:
         else:
             closure.cancel()
         with self._cv:
-            self._in_flight -= 1
+            self._in_flight.pop(w, None)
             self._cv.notify_all()
         return kind in ("ok", "error")
 
@@ -330,7 +387,7 @@ class ClusterCoordinator:
         with self._cv:
             self._alive.discard(w)
             self.lost_workers.append(self._group.worker_addresses[w])
-            self._in_flight -= 1
+            self._in_flight.pop(w, None)
             closure.attempts += 1
             self._requeue(closure)
             if not self._alive and self._fatal is None:

@@ -6,7 +6,9 @@ pushes it (the update rule runs on the parameter servers), step after step. Grou
 scheduled ahead, so all workers train at once, each on its own batches.
 Sync: each global batch is split over `total_num_replicas` functions (like MirroredStrategy
 splits it over replicas); each pulls at its step (the barrier), pushes the gradient of its
-shard's mean loss, and the PSs average `replicas_to_aggregate` of them into one update.
+shard's mean loss with the shard's size, and the PSs average `replicas_to_aggregate` of them
+weighted by those sizes into one update: with every worker aggregated, the gradient of the
+global batch's mean loss, as MirroredStrategy computes it, however unevenly the batch split.
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     local = len(x)
     grads, stats = step.gradients(np, NUMPY, params, x, y, rank, iteration + 1, max(local, 1))
     items = [(v._id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
-    statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None)
+    statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None,
+                           examples=local)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]
     return status, float(stats[0]), float(stats[1]) if step.metric else 0.0, local
 

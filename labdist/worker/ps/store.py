@@ -120,6 +120,24 @@ class ParameterStore:
         if self.sync is not None:
             await self.sync.release(live)
 
+    async def sync_waiting(self) -> dict | None:
+        """Sync: the open step and who waits at its barrier (SyncReplicas.waiting)."""
+        return self.sync.waiting() if self.sync is not None else None
+
+    async def wait_step(self, step: int, key: tuple, release: int) -> str:
+        """Sync: after a push whose reply said `wait`, wait until step `step` is applied (the
+        barrier; SyncReplicas.wait_barrier). A call of its own, so a pusher waiting here has
+        had every push of its function land on every parameter server."""
+        return await self.sync.wait_barrier(step, tuple(key), release)
+
+    async def flush_step(self, step: int) -> bool:
+        """Sync: apply global step `step` with the pushes it holds (SyncReplicas.flush)."""
+        if self.sync is None:
+            return False
+        new_step = step + 1
+        return await self.sync.flush(
+            step, lambda batch: self._run(self._apply_batch, batch, new_step))
+
     async def ssp_begin(self, worker: int) -> float:
         return await self.ssp.begin(worker) if self.ssp is not None else 0.0
 
@@ -160,32 +178,35 @@ class ParameterStore:
 
     async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
                    basis: dict[int, int] | None = None, step: int | None = None,
-                   key: tuple | None = None, want: bool = False, barrier: bool = True) -> dict:
+                   key: tuple | None = None, want: bool = False, examples: float = 1.0) -> dict:
         """Apply one worker's updates: (var_id, kind, array, aggregation) items. Async: applied
         now; `basis` holds the versions the worker read (none for a blind write). Sync: tagged
-        with the global `step` it read and accumulated; with `barrier` this call returns once
-        the step's update is applied (at once when the push is stale). Step-bound work (fit)
-        passes barrier=False: its next pull waits for the step instead."""
+        with the global `step` it read and accumulated, standing for `examples` examples in a
+        MEAN. When the push did not complete its step, the reply's `wait` is the (step,
+        release count) to pass to `wait_step` for the barrier; step-bound work (fit) skips it
+        (its next pull waits for the step instead)."""
         self._check(items)
         if self.sync is None:
             return await self._run(self._apply_async, worker, items, basis or {}, want,
                                    (worker, key))
-        verdict = self.sync.offer(key or ("blind", id(items)), worker, step, items)
+        key = tuple(key) if key else ("blind", id(items))
+        at, release = self.sync.global_step, self.sync.release_count
+        verdict = self.sync.offer(key, worker, step, items, examples)
         if verdict == STALE:
             self.counters.dropped_stale(worker)
-            return {"status": STALE, "global_step": self.sync.global_step, "values": None}
+            return {"status": STALE, "global_step": at, "values": None, "wait": None}
         if verdict != DUPLICATE:
             self.counters.applied(worker, 0, 0)  # fresh by definition: staleness 0
+        wait = None
         if verdict == COMPLETE:
             new_step = self.sync.global_step + 1
             await self.sync.apply(lambda batch: self._run(self._apply_batch, batch, new_step))
-            status = ACCEPTED
-        elif barrier:
-            status = await self.sync.wait_barrier(step)
-        else:
-            status = verdict  # accepted or duplicate (a re-run of work already counted)
+            verdict = ACCEPTED
+        else:  # accepted or duplicate (a re-run of work already counted): the step is open
+            wait = (at, release)
         values = await self._run(self._values_of, items) if want else None
-        return {"status": status, "global_step": self.sync.global_step, "values": values}
+        return {"status": verdict, "global_step": self.sync.global_step, "values": values,
+                "wait": wait}
 
     def _check(self, items) -> None:
         """Validate a whole push before applying any of it (nothing half done)."""
@@ -233,8 +254,8 @@ class ParameterStore:
                 "values": self._values_of(items) if want else None}
 
     def _apply_batch(self, batch, step: int) -> None:
-        for var_id, kind, arrays, agg in batch:  # agg: the variable's aggregation, by name
-            for value in aggregation.of(agg).ps_values(arrays):
+        for var_id, kind, arrays, agg, examples in batch:  # agg: the aggregation's name
+            for value in aggregation.of(agg).ps_values(arrays, examples):
                 self._update(var_id, kind, value, step)
 
     def _values_of(self, items) -> dict[int, np.ndarray]:

@@ -4,12 +4,16 @@ Workers push gradients tagged with the global step they read. The first
 `replicas_to_aggregate` fresh pushes of a step are accumulated; the one that completes the set
 triggers one update with the variables' aggregation and bumps the global step, which releases
 the barrier every accepted pusher waits at. A push tagged with an older step (a backup worker
-that came late) is dropped as stale. Everything here runs on the store's event loop.
+that came late) is dropped as stale. Each push carries how many examples it stands for, so a
+MEAN is the mean over examples (aggregation.py). A step that cannot fill up any more (the
+last functions of a join, fewer than `replicas_to_aggregate`) is applied as it is by `flush`,
+so no barrier waits forever. Everything here runs on the store's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import numpy as np
@@ -17,6 +21,9 @@ import numpy as np
 # verdicts of offer()
 STALE, DUPLICATE, ACCEPTED, COMPLETE = "dropped", "duplicate", "accepted", "complete"
 RELEASED, STARVED = "released", "starved"  # verdicts of wait_barrier besides ACCEPTED
+
+# applies one step: (var_id, kind, arrays, aggregation, examples) per variable
+Update = Callable[[list[tuple[int, str, list[np.ndarray], str, list[float]]]], Awaitable[None]]
 
 
 class SyncReplicas:
@@ -27,8 +34,9 @@ class SyncReplicas:
         self.global_step = 0
         self.applying = False  # the step's set is complete and its update is being applied
         self.readers = 0
-        self._pending: list[tuple[tuple, int, list]] = []
+        self._pending: list[tuple[tuple, int, list, float]] = []
         self._keys: set[tuple] = set()
+        self._waiting: Counter[tuple] = Counter()  # keys of pushers waiting at the barrier
         self._release = 0
         self.live = replicas_to_aggregate  # workers left (told by the coordinator on a loss)
         self._cond: asyncio.Condition | None = None
@@ -43,9 +51,11 @@ class SyncReplicas:
         async with self.cond:
             self.cond.notify_all()
 
-    def offer(self, key: tuple, worker: int, step: int | None, items: list) -> str:
+    def offer(self, key: tuple, worker: int, step: int | None, items: list,
+              examples: float = 1.0) -> str:
         """Take one worker's push for `step` (None: a blind write, fresh by definition).
-        `key` names the work that produced it, so a re-run of lost work counts once."""
+        `key` names the work that produced it, so a re-run of lost work counts once;
+        `examples` weighs it in a MEAN."""
         if step is None:
             step = self.global_step
         if step < self.global_step or (step == self.global_step and self.applying):
@@ -56,48 +66,80 @@ class SyncReplicas:
         if key in self._keys:
             return DUPLICATE
         self._keys.add(key)
-        self._pending.append((key, worker, items))
+        self._pending.append((key, worker, items, examples))
         if len(self._pending) >= self.replicas_to_aggregate:
             self.applying = True  # closed: later pushes for this step are stale
             return COMPLETE
         return ACCEPTED
 
-    async def apply(self, update: Callable[[list[tuple[int, str, list[np.ndarray], str]]],
-                                           Awaitable[None]]) -> None:
+    async def apply(self, update: Update) -> None:
         """Aggregate the accepted pushes (in key order, so results do not depend on arrival)
-        and run `update` on them once no read is in progress; then bump the step."""
+        and run `update` on (var_id, kind, arrays, aggregation, examples) once no read is in
+        progress; then bump the step."""
         batch = sorted(self._pending, key=lambda p: p[0])
         self._pending, self._keys = [], set()
-        by_var: dict[int, tuple[str, str, list[np.ndarray]]] = {}
-        for _, _, items in batch:
+        by_var: dict[int, tuple[str, str, list[np.ndarray], list[float]]] = {}
+        for _, _, items, examples in batch:
             for var_id, kind, array, agg in items:
-                known = by_var.setdefault(var_id, (kind, agg, []))
+                known = by_var.setdefault(var_id, (kind, agg, [], []))
                 if known[0] != kind:
+                    self.applying = False  # the step's set is dropped; the step stays open
+                    await self._notify()
                     raise ValueError(f"variable #{var_id}: workers pushed {known[0]} and {kind} "
                                      "in the same step; every worker must update it alike")
                 known[2].append(array)
+                known[3].append(examples)
         async with self.cond:
             await self.cond.wait_for(lambda: self.readers == 0)
         try:
-            await update([(v, kind, arrays, agg) for v, (kind, agg, arrays) in by_var.items()])
+            await update([(v, kind, arrays, agg, examples)
+                          for v, (kind, agg, arrays, examples) in by_var.items()])
         finally:
             self.global_step += 1
             self.applying = False
             await self._notify()
 
-    async def wait_barrier(self, step: int | None) -> str:
-        """After an accepted push: wait until its step's update is applied (ACCEPTED). A lost
-        worker releases the waiters ("released": their gradient stays in) so its work can be
-        re-run by one of them; with fewer workers left than `replicas_to_aggregate` no step can
-        fill up again ("starved")."""
-        step = self.global_step if step is None else step
-        release = self._release
-        async with self.cond:
-            await self.cond.wait_for(lambda: self.global_step > step or self._release != release
-                                     or self.live < self.replicas_to_aggregate)
+    @property
+    def release_count(self) -> int:
+        """How many times waiters were released; a pusher quotes it to `wait_barrier`, so a
+        release between its push and its wait is not missed."""
+        return self._release
+
+    async def wait_barrier(self, step: int, key: tuple, release: int) -> str:
+        """After an accepted push for `step`: wait until that step's update is applied
+        (ACCEPTED). A lost worker releases the waiters ("released": their gradient stays in)
+        so its work can be re-run by one of them; with fewer workers left than
+        `replicas_to_aggregate` no step can fill up again ("starved"). `key` is listed as
+        waiting meanwhile (see `waiting`); `release` is `release_count` at the push."""
+        self._waiting[key] += 1
+        try:
+            async with self.cond:
+                await self.cond.wait_for(
+                    lambda: self.global_step > step or self._release != release
+                    or self.live < self.replicas_to_aggregate)
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
         if self.global_step > step:
             return ACCEPTED
         return STARVED if self.live < self.replicas_to_aggregate else RELEASED
+
+    def waiting(self) -> dict:
+        """What the coordinator needs to tell a stalled step from a slow one: the global step,
+        how many pushes it holds, and the keys of the pushers waiting at its barrier."""
+        return {"step": self.global_step, "applying": self.applying,
+                "pending": len(self._pending), "waiting": list(self._waiting)}
+
+    async def flush(self, step: int, update: Update) -> bool:
+        """Apply global step `step`'s pushes now, fewer than `replicas_to_aggregate` (the
+        coordinator saw that no more can come); False if the step moved on meanwhile or holds
+        nothing. Weighted by examples like any step, so a short step is a short batch."""
+        if step != self.global_step or self.applying or not self._pending:
+            return False
+        self.applying = True  # closed: later pushes for this step are stale
+        await self.apply(update)
+        return True
 
     async def release(self, live: int) -> None:
         """A worker was lost (`live` are left): let every waiter go (see wait_barrier and

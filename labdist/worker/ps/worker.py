@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 import os
 import time
 import traceback
@@ -251,6 +252,7 @@ class WorkerContext(ReplicaContext):
         self._versions: dict[int, int] = {}  # var_id -> the version its last pull saw
         self._steps: dict[int, int] = {}  # shard -> the global step its last pull saw
         self._pending: list[tuple] = []  # sync mode: this function's writes
+        self._examples = 1.0  # sync mode: what this function's writes weigh in a MEAN
 
     @property
     def worker_index(self) -> int:
@@ -284,25 +286,47 @@ class WorkerContext(ReplicaContext):
             self._steps[shard] = at
         return values
 
+    def set_num_examples(self, num_examples: float) -> None:
+        """Sync mode: this function's writes to MEAN variables stand for `num_examples`
+        examples, so a step averages over examples, not functions (as MirroredStrategy does
+        when shards differ in size). Default 1 per function: equal weights. SUM, NONE and
+        ONLY_FIRST_REPLICA variables, and async mode, ignore it."""
+        if isinstance(num_examples, bool) or not isinstance(num_examples, int | float | np.number) \
+                or not math.isfinite(num_examples) or num_examples < 0:
+            raise ValueError(f"num_examples={num_examples!r} is not allowed; use a finite "
+                             "number >= 0 (how many examples this function's writes stand for)")
+        self._examples = float(num_examples)
+
     def push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
-              want: bool = False, barrier: bool = True) -> tuple[set[str], dict[int, np.ndarray]]:
+              want: bool = False, barrier: bool = True, examples: float | None = None
+              ) -> tuple[set[str], dict[int, np.ndarray]]:
         """Send (var_id, kind, array, aggregation) items to their parameter servers; returns
         the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values.
-        Sync: `barrier=False` for step-bound work, whose next pull waits instead."""
+        Sync: then wait at the barrier of every PS whose step the push left open (all pushes
+        first, so a waiting function has no push still on its way: what lets the coordinator
+        tell a stalled step); `barrier=False` for step-bound work, whose next pull waits
+        instead. `examples` weighs the push in a MEAN (default: `set_num_examples`, else 1)."""
         if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
             time.sleep(self._executor.delay)
         by_shard = self._shards([item[0] for item in items])
+        weight = self._examples if examples is None else float(examples)
+        key = key or self._key
         calls = []
         for shard, ids in by_shard.items():
             mine = [item for item in items if item[0] in ids]
             basis = {v: self._versions[v] for v in ids if v in self._versions}
             at = step if step is not None else self._steps.get(shard)
-            calls.append((shard, "push", (self.worker_index, mine, basis, at,
-                                          key or self._key, want, barrier)))
-        statuses, values = set(), {}
-        for r in self._executor.call_all(calls):
-            statuses.add(r["status"])
+            calls.append((shard, "push", (self.worker_index, mine, basis, at, key, want,
+                                          weight)))
+        statuses, values, waits = set(), {}, []
+        for (shard, _, _), r in zip(calls, self._executor.call_all(calls), strict=True):
             values.update(r["values"] or {})
+            if barrier and r.get("wait") is not None:
+                wait_step, release = r["wait"]
+                waits.append((shard, "wait_step", (wait_step, key, release)))
+            else:
+                statuses.add(r["status"])
+        statuses.update(self._executor.call_all(waits) if waits else ())
         if "starved" in statuses:
             raise RuntimeError(
                 "sync mode: fewer workers are left than replicas_to_aggregate, so no step can "
