@@ -1,8 +1,8 @@
 """Parameter-server throughput: updates/s of the 784-512-10 MLP (SGD, batch 64) trained with
 `model.fit` under ParameterServerStrategy — one parameter server, 1, 2 and 4 workers, in async,
 async + use_locking, sync, and sync with a backup worker — with the torn reads, interleaved
-updates, staleness and dropped gradients each run produced. The baseline is the same layers
-and optimizer in single-process numpy, measured in the same run.
+and lost updates, staleness and dropped gradients each run produced. The baseline is the same
+layers and optimizer in single-process numpy, measured in the same run.
 
 Run: `python bench/bench_ps.py [--quick]`.
 
@@ -81,7 +81,7 @@ def main() -> None:
                 runs[label].append((rate, rate / base))
                 bases.append(base)
         print(f"{'configuration':<42}{'updates/s':>10}{'vs numpy':>9}{'torn reads':>16}"
-              f"{'interleaved':>12}{'staleness mean/max':>20}{'dropped':>9}")
+              f"{'interleaved':>12}{'lost':>6}{'staleness mean/max':>20}{'dropped':>9}")
         print(f"{'numpy, one process (median)':<42}{statistics.median(bases):>10.1f}"
               f"{1:>8.2f}x")
         for label, _, _ in CONFIGS:
@@ -90,7 +90,7 @@ def main() -> None:
             st = last[label]
             torn = f"{st.torn_reads}/{st.reads}"
             print(f"{label:<42}{rate:>10.1f}{ratio:>8.2f}x{torn:>16}"
-                  f"{st.interleaved_updates:>12}"
+                  f"{st.interleaved_updates:>12}{st.lost_updates:>6}"
                   f"{f'{st.mean_staleness:.2f} / {st.max_staleness}':>20}"
                   f"{st.dropped_stale:>9}")
         print("(medians over rounds; vs numpy: each run over the baseline measured just before "
