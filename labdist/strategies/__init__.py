@@ -1,12 +1,13 @@
 """The tf.distribute-shaped strategies."""
 
 from labdist.strategies.base import Strategy, StrategyExtended
-from labdist.strategies.coordinator import ClusterCoordinator, PerWorkerDataset, RemoteValue
+from labdist.strategies.coordinator import ClusterCoordinator
 from labdist.strategies.mirrored import MirroredStrategy
 from labdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from labdist.strategies.one_device import OneDeviceStrategy
 from labdist.strategies.parameter_server import ParameterServerStrategy
 from labdist.strategies.ps_stats import ParameterServerStats
+from labdist.strategies.remote_values import PerWorkerDataset, RemoteValue
 
 __all__ = [
     "ClusterCoordinator",

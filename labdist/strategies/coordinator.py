@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,72 +27,14 @@ from typing import Any
 from labdist import nest, shipping
 from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.errors import ReplicaLostError
+from labdist.strategies.remote_values import (
+    PerWorkerDataset,
+    RemoteValue,
+    ScheduledFunction,
+)
 from labdist.worker import actor_call as remote
-from labdist.worker.ps.worker import PerWorkerIterator
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
-
-
-class RemoteValue:
-    """The future result of a scheduled function: `fetch()` waits for it (and raises the
-    function's error)."""
-
-    def __init__(self):
-        self._future: concurrent.futures.Future = concurrent.futures.Future()
-        self._while_waiting: Callable[[], None] | None = None  # set when dispatched (sync)
-
-    def fetch(self, timeout: float | None = None) -> Any:
-        """Wait for the result. Sync mode: waiting for it says nothing more is coming first,
-        so a step it waits at that cannot fill up is applied as it is (see `join`); without
-        this `strategy.run(fn)` on two workers would wait for a partner forever."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-            concurrent.futures.wait([self._future], timeout=max(left, 0))
-            if self._future.done() or (deadline is not None and time.monotonic() >= deadline):
-                return self._future.result(0)
-            if self._while_waiting is not None:
-                self._while_waiting()
-
-    get = fetch
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def __repr__(self) -> str:
-        return f"<RemoteValue {'ready' if self.done() else 'pending'}>"
-
-
-class _Closure:
-    def __init__(self, fn_bytes: bytes, args: tuple, kwargs: dict, key: tuple):
-        self.fn_bytes, self.args, self.kwargs, self.key = fn_bytes, args, kwargs, key
-        self.seq = key[1]  # schedule order
-        self.value = RemoteValue()
-        self.attempts = 0
-
-    def set_result(self, result: Any) -> None:
-        if not self.value._future.done():
-            self.value._future.set_result(result)
-
-    def set_error(self, error: BaseException) -> None:
-        if not self.value._future.done():
-            self.value._future.set_exception(error)
-
-    def cancel(self) -> None:
-        if not self.value._future.done():
-            self.value._future.cancel()
-
-
-class PerWorkerDataset:
-    """A dataset made on every worker by `create_per_worker_dataset`; `iter()` of it gives a
-    handle that is each worker's own iterator inside scheduled functions."""
-
-    def __init__(self, dataset_id: str):
-        self._id = dataset_id
-        self._iterators = itertools.count()
-
-    def __iter__(self) -> PerWorkerIterator:
-        return PerWorkerIterator(self._id, next(self._iterators))
 
 
 class ClusterCoordinator:
@@ -117,8 +58,8 @@ class ClusterCoordinator:
         self.strategy = strategy
         self._group = strategy._ps_group
         self._cv = threading.Condition()
-        self._queue: deque[_Closure] = deque()
-        self._in_flight: dict[int, _Closure] = {}  # worker -> the function it runs
+        self._queue: deque[ScheduledFunction] = deque()
+        self._in_flight: dict[int, ScheduledFunction] = {}  # worker -> the function it runs
         self._error: BaseException | None = None  # the first function error, for join
         self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
         self._alive = set(range(self._group.num_workers))
@@ -141,7 +82,7 @@ class ClusterCoordinator:
         shipping.check_call(fn, args, kwargs)
         self._raise_pending()
         self.strategy._select((tuple(args), kwargs or {}), 0, "args")  # no foreign variables
-        closure = _Closure(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
+        closure = ScheduledFunction(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
                            ("closure", next(self._keys)))
         with self._cv:
             self._check_open()  # closed meanwhile: nobody would ever run it
@@ -289,7 +230,7 @@ class ClusterCoordinator:
     def _runnable(self, w: int) -> bool:
         return not self._closed and self._fatal is None and w in self._alive
 
-    def _execute(self, w: int, closure: _Closure) -> tuple:
+    def _execute(self, w: int, closure: ScheduledFunction) -> tuple:
         version, placement = self._group.placement_for(w)
         coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
                                        closure.kwargs, placement, closure.key)
@@ -323,7 +264,7 @@ class ClusterCoordinator:
                     shard if lost is None else lost, message))
             return reply
 
-    def _finish(self, w: int, closure: _Closure, outcome: tuple) -> bool:
+    def _finish(self, w: int, closure: ScheduledFunction, outcome: tuple) -> bool:
         """Settle one function's outcome; returns whether worker `w` keeps dispatching."""
         kind = outcome[0]
         if self._closed and kind not in ("ok", "error"):
@@ -382,7 +323,7 @@ class ClusterCoordinator:
             self._queue.clear()
             self._cv.notify_all()
 
-    def _lose_worker(self, w: int, closure: _Closure) -> None:
+    def _lose_worker(self, w: int, closure: ScheduledFunction) -> None:
         """Worker `w` died: its function goes first in the queue for another worker."""
         with self._cv:
             self._alive.discard(w)
@@ -401,7 +342,7 @@ class ClusterCoordinator:
             live = len(self._alive)
         self._group.worker_gone(w, live)
 
-    def _requeue(self, closure: _Closure) -> None:
+    def _requeue(self, closure: ScheduledFunction) -> None:
         """Back into the queue in schedule order (under the lock): older work first, so a
         sync step's lost shard runs before the next steps' work waiting for it."""
         at = next((i for i, c in enumerate(self._queue) if c.seq > closure.seq),
