@@ -20,7 +20,7 @@ from labdist.errors import (
     ReplicaDivergenceWarning,
     ReplicaLostError,
 )
-from labdist.input import batches
+from labdist.input import InputContext, batches
 from labdist.lab import Lab
 from labdist.strategies import (
     ClusterCoordinator,
@@ -44,6 +44,7 @@ __all__ = [
     "ClusterCoordinator",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "InputContext",
     "Lab",
     "LabdistError",
     "MirroredStrategy",

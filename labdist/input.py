@@ -1,10 +1,12 @@
-"""Distributing input: split global batches across replicas in order, and a
-helper that makes global batches from arrays."""
+"""Distributing input: split global batches across replicas in order, one input pipeline per
+replica (`distribute_datasets_from_function`), the `InputContext` a pipeline's `dataset_fn`
+gets, and a helper that makes global batches from arrays."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,85 @@ class DistributedDataset:
     def __iter__(self) -> Iterator[PerReplica]:
         for batch in self._dataset:
             yield split_batch(batch, self._num_replicas)
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """What a `dataset_fn(input_context)` learns about the input pipeline it makes (TF's
+    `tf.distribute.InputContext`): `strategy.distribute_datasets_from_function` makes one per
+    replica, a `ClusterCoordinator`'s per-worker dataset one per worker."""
+
+    num_input_pipelines: int
+    input_pipeline_id: int
+    num_replicas_in_sync: int = 1
+
+    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
+        """`global_batch_size` / `num_replicas_in_sync` (it must divide evenly, as in TF)."""
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size,
+                                                                 int | np.integer):
+            raise TypeError(f"global_batch_size={global_batch_size!r} must be an integer")
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
+                             f"num_replicas_in_sync={self.num_replicas_in_sync}")
+        return int(global_batch_size) // self.num_replicas_in_sync
+
+
+class DatasetsFromFunction:
+    """One input pipeline per replica: `dataset_fn(InputContext(N, r, N))` for each replica r,
+    called on the driver when this is made; iterating zips the pipelines, so each element is
+    the batches' structure with a PerReplica at each leaf (replica r's batch from pipeline r).
+
+    A step needs a batch on every replica: iteration ends when every pipeline ends, and a
+    pipeline that ends before the others raises ValueError (no batch is dropped silently).
+    Re-iterable where each pipeline is."""
+
+    def __init__(self, dataset_fn: Callable[[InputContext], Iterable[Any]], num_replicas: int):
+        if not callable(dataset_fn):
+            raise TypeError(f"dataset_fn={dataset_fn!r} is not callable; pass a function "
+                            "taking an InputContext and returning an iterable of per-replica "
+                            "batches")
+        self._num_replicas = num_replicas
+        self._datasets = []
+        for r in range(num_replicas):
+            dataset = dataset_fn(InputContext(num_replicas, r, num_replicas))
+            if isinstance(dataset, str | bytes) or not isinstance(dataset, Iterable):
+                raise TypeError(f"dataset_fn returned {dataset!r} for input_pipeline_id={r}; "
+                                "it must return an iterable of per-replica batches")
+            self._datasets.append(dataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterators = [iter(d) for d in self._datasets]
+        step = 0
+        while True:
+            batches, ended = [], []
+            for r, it in enumerate(iterators):
+                try:
+                    batches.append(next(it))
+                except StopIteration:
+                    ended.append(r)
+            if len(ended) == len(iterators):
+                return
+            if ended:
+                raise ValueError(
+                    f"distribute_datasets_from_function: input pipeline(s) {ended} ended after "
+                    f"{step} batches while the others had more; every pipeline must yield the "
+                    "same number of batches (each step needs a batch on every replica)")
+            yield _per_replica_structure(batches, step)
+            step += 1
+
+
+def _per_replica_structure(batches: list[Any], step: int) -> Any:
+    if len(batches) == 1:
+        return batches[0]
+    flat = [nest.flatten(b) for b in batches]
+    treedef = flat[0][1]
+    for r, (_, t) in enumerate(flat):
+        if t != treedef:
+            raise ValueError(
+                f"distribute_datasets_from_function: batch {step} has different structures in "
+                f"input pipeline 0 ({nest.describe(treedef)}) and {r} ({nest.describe(t)})")
+    return nest.unflatten(treedef, [PerReplica(f[0][i] for f in flat)
+                                    for i in range(len(flat[0][0]))])
 
 
 class Batches:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 
 class PerReplica:
     """One value per replica, in replica order (what `strategy.run` returns, and takes)."""
@@ -40,3 +42,22 @@ class ValueContext:
             f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
             f"num_replicas_in_sync={self.num_replicas_in_sync})"
         )
+
+
+def concat_along(parts: list, axis: int, what: str) -> Any:
+    """`parts` (one per replica) concatenated along `axis`, with errors that name the replica
+    and the shapes; shared by `Strategy.gather` and `ReplicaContext.all_gather`."""
+    rank = parts[0].ndim
+    if rank == 0:
+        raise ValueError(f"{what}: the values are scalars (rank 0); gathering needs rank >= 1 "
+                         "(concatenate along an axis)")
+    if not 0 <= axis < rank:
+        raise ValueError(f"{what}: axis={axis} is out of range for values of rank {rank}; "
+                         f"allowed: 0..{rank - 1}")
+    for r, p in enumerate(parts):
+        if p.ndim != rank or p.shape[:axis] + p.shape[axis + 1:] != \
+                parts[0].shape[:axis] + parts[0].shape[axis + 1:]:
+            raise ValueError(
+                f"{what}: replica {r}'s value has shape {p.shape}, replica 0's "
+                f"{parts[0].shape}; they must match except along axis={axis}")
+    return np.concatenate(parts, axis=axis)

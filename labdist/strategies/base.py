@@ -20,9 +20,14 @@ import numpy as np
 from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
 from labdist.errors import CollectiveMismatchError, PeerAbortedError, ReplicaLostError
-from labdist.input import DistributedDataset, split_sizes
+from labdist.input import (
+    DatasetsFromFunction,
+    DistributedDataset,
+    InputContext,
+    split_sizes,
+)
 from labdist.strategies.reduce import reduce_value
-from labdist.values import PerReplica, ValueContext
+from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
 
@@ -213,6 +218,39 @@ class Strategy:
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
         """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
         return DistributedDataset(dataset, self.num_replicas_in_sync)
+
+    def distribute_datasets_from_function(
+            self, dataset_fn: Callable[[InputContext], Iterable[Any]],
+            options: Any = None) -> DatasetsFromFunction:
+        """One input pipeline per replica (each replica lives on its own worker, as in TF's
+        multi-worker strategies): `dataset_fn(input_context)` is called here, on the driver,
+        once per replica, and returns that replica's batches (per-replica batch size: see
+        `input_context.get_per_replica_batch_size`). Iterating gives PerReplica batches for
+        `strategy.run`. `options` (TF's `InputOptions`) is not supported: pass None."""
+        if options is not None:
+            raise TypeError(f"options={options!r}: labdist has no input options; pass None")
+        self._check_open()
+        return DatasetsFromFunction(dataset_fn, self.num_replicas_in_sync)
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate each replica's component of `value` (a PerReplica, a variable, or a
+        structure of them) along `axis` into one host array, in replica order (TF's
+        `Strategy.gather`). Components need rank >= 1 and equal shapes except along `axis`;
+        a value that is not distributed is returned as it is."""
+        if worker_context.current() is not None:
+            raise RuntimeError("strategy.gather is a cross-replica call: use it on the driver "
+                               "or in merge_call; inside a step use ctx.all_gather")
+        if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+            raise TypeError(f"axis={axis!r} must be an integer")
+
+        def one(x):
+            if not isinstance(x, PerReplica | Variable):
+                return x
+            return concat_along(
+                [np.asarray(c) for c in self.experimental_local_results(x)], int(axis),
+                "strategy.gather")
+
+        return nest.map_structure(one, value)
 
     def experimental_local_results(self, value: Any) -> tuple:
         """One host value per replica: of a PerReplica, of a variable's copies, or (value,)."""

@@ -35,9 +35,11 @@ def train_model_steps(strategy, step, groups: Iterable[list], first_iteration: i
 
 def _bind(strategy, step) -> None:
     """Put each optimizer slot next to its weight and tell that PS which optimizer updates
-    the weight with which slots (again whenever the model is recompiled)."""
+    the weight with which slots (again whenever the model is recompiled, or a hyperparameter
+    such as the learning rate changed: a LearningRateScheduler between epochs)."""
     weights, slots = step.variables(), step.slot_variables()
-    signature = (id(step.optimizer), tuple(v._id for v in weights),
+    signature = (id(step.optimizer), tuple(sorted(vars(step.optimizer).items())),
+                 tuple(v._id for v in weights),
                  tuple(s._id for d in slots for s in d.values()))
     if signature in strategy._bound_steps:
         return

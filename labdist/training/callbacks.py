@@ -1,13 +1,20 @@
-"""`fit` callbacks. BackupAndRestore: an interrupted `fit` (a lost worker, a crash) resumes from
-the last finished epoch when called again, on the workers present then."""
+"""`fit` callbacks, with Keras' names and rules. BackupAndRestore: an interrupted `fit` (a lost
+worker, a crash) resumes from the last finished epoch when called again, on the workers present
+then. ModelCheckpoint, EarlyStopping and LearningRateScheduler: as in Keras."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import math
 import os
 import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from labdist.training.checkpoint import Checkpoint
 from labdist.training.checkpoint_files import (
@@ -28,6 +35,9 @@ class Callback:
         self.model = model
 
     def on_train_begin(self, logs=None) -> None:
+        pass
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
         pass
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
@@ -167,3 +177,203 @@ class BackupAndRestore(Callback):
             for p in self.backup_dir.iterdir():
                 if self._TEMP.fullmatch(p.name) and p.is_file() and not p.is_symlink():
                     p.unlink(missing_ok=True)
+
+
+# -- Keras' monitoring callbacks ------------------------------------------------------------------
+def _monitor_op(monitor: str, mode: str) -> Callable[[float, float], bool]:
+    """Keras' rule: "min" / "max", or "auto": max for accuracy-like names, else min."""
+    if mode not in ("auto", "min", "max"):
+        raise ValueError(f"mode={mode!r} is not allowed; allowed: 'auto', 'min', 'max'")
+    if mode == "max" or (mode == "auto" and "acc" in monitor):
+        return np.greater
+    return np.less
+
+
+def _check_monitor(monitor) -> str:
+    if not isinstance(monitor, str) or not monitor:
+        raise TypeError(f"monitor={monitor!r} must be the name of a logged metric, such as "
+                        "'val_loss' or 'accuracy'")
+    return monitor
+
+
+class ModelCheckpoint(Callback):
+    """Saves the model after each epoch (Keras' `ModelCheckpoint`, `save_freq="epoch"`).
+
+    `filepath` may hold `{epoch}` (counted from 1) and any logged metric, formatted as in
+    Keras: `"ckpt/weights-{epoch:02d}-{val_loss:.2f}.npz"`. With `save_weights_only`, writes
+    `model.save_weights(path)` (an `.npz`); else `model.save(path)` (a directory). With
+    `save_best_only`, saves only when `monitor` improved on the best so far (`mode`: "min",
+    "max", or "auto": max for accuracy-like names); `initial_value_threshold` is the best to
+    beat at first. `self.best` is the best value seen."""
+
+    def __init__(self, filepath: str | os.PathLike, monitor: str = "val_loss", verbose: int = 0,
+                 save_best_only: bool = False, save_weights_only: bool = False,
+                 mode: str = "auto", save_freq: str = "epoch",
+                 initial_value_threshold: float | None = None):
+        if not isinstance(filepath, str | os.PathLike) or not str(filepath):
+            raise TypeError(f"filepath={filepath!r} must be a non-empty path (str or "
+                            "os.PathLike), optionally with {epoch} / {val_loss:.2f} fields")
+        if save_freq != "epoch":
+            raise ValueError(f"save_freq={save_freq!r} is not supported; allowed: 'epoch'")
+        self.filepath = os.fspath(filepath)
+        if save_weights_only and not self.filepath.endswith(".npz"):
+            raise ValueError(f"filepath={self.filepath!r}: with save_weights_only=True the "
+                             "weights are saved as .npz; give a path ending in .npz")
+        self.monitor = _check_monitor(monitor)
+        self.verbose = verbose
+        self.save_best_only = bool(save_best_only)
+        self.save_weights_only = bool(save_weights_only)
+        self.save_freq = save_freq
+        self.monitor_op = _monitor_op(monitor, mode)
+        self.mode = mode
+        worst = math.inf if self.monitor_op is np.less else -math.inf
+        self.best = worst if initial_value_threshold is None else float(initial_value_threshold)
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        logs = logs or {}
+        path = self._path(epoch, logs)
+        if self.save_best_only:
+            current = logs.get(self.monitor)
+            if current is None:
+                warnings.warn(f"ModelCheckpoint: can save best model only with "
+                              f"{self.monitor!r} available (logged: {sorted(logs)}); "
+                              "skipping", RuntimeWarning, stacklevel=2)
+                return
+            if not self.monitor_op(current, self.best):
+                if self.verbose:
+                    print(f"\nEpoch {epoch + 1}: {self.monitor} did not improve from "
+                          f"{self.best:.5f}")
+                return
+            if self.verbose:
+                print(f"\nEpoch {epoch + 1}: {self.monitor} improved from {self.best:.5f} to "
+                      f"{current:.5f}, saving model to {path}")
+            self.best = float(current)
+        elif self.verbose:
+            print(f"\nEpoch {epoch + 1}: saving model to {path}")
+        if self.save_weights_only:
+            self.model.save_weights(path)
+        else:
+            self.model.save(path)
+
+    def _path(self, epoch: int, logs: dict) -> str:
+        try:
+            return self.filepath.format(epoch=epoch + 1, **logs)
+        except (KeyError, IndexError, ValueError) as e:
+            raise KeyError(f"ModelCheckpoint could not format filepath={self.filepath!r} with "
+                           f"epoch and the logged {sorted(logs)}: {e!r}") from None
+
+
+class EarlyStopping(Callback):
+    """Stops `fit` when `monitor` has not improved by more than `min_delta` for `patience`
+    epochs (Keras' `EarlyStopping`): sets `model.stop_training`, so `fit` ends after this
+    epoch. With `restore_best_weights`, a stopped model gets the weights of its best epoch
+    back; `baseline` is a value the monitor must beat; epochs before `start_from_epoch` are
+    not watched. `stopped_epoch` (0: it did not stop) and `best_epoch` say what happened."""
+
+    def __init__(self, monitor: str = "val_loss", min_delta: float = 0, patience: int = 0,
+                 verbose: int = 0, mode: str = "auto", baseline: float | None = None,
+                 restore_best_weights: bool = False, start_from_epoch: int = 0):
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"patience={patience!r} must be an integer >= 0 (epochs without "
+                             "improvement before stopping)")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, int | float):
+            raise TypeError(f"min_delta={min_delta!r} must be a number")
+        self.monitor = _check_monitor(monitor)
+        self.monitor_op = _monitor_op(monitor, mode)
+        self.mode = mode
+        # as Keras: the delta counts toward "better" in the monitor's direction
+        self.min_delta = abs(float(min_delta)) * (1 if self.monitor_op is np.greater else -1)
+        self.patience = patience
+        self.verbose = verbose
+        self.baseline = baseline
+        self.restore_best_weights = bool(restore_best_weights)
+        self.start_from_epoch = start_from_epoch
+        self.wait = 0
+        self.stopped_epoch = 0
+        self.best_epoch = 0
+        self.best: float = math.inf if self.monitor_op is np.less else -math.inf
+        self.best_weights: list | None = None
+
+    def on_train_begin(self, logs=None) -> None:
+        self.wait = 0
+        self.stopped_epoch = 0
+        self.best_epoch = 0
+        self.best = math.inf if self.monitor_op is np.less else -math.inf
+        self.best_weights = None
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        logs = logs or {}
+        current = logs.get(self.monitor)
+        if current is None:
+            warnings.warn(f"EarlyStopping conditioned on {self.monitor!r}, which is not logged "
+                          f"(logged: {sorted(logs)})", RuntimeWarning, stacklevel=2)
+            return
+        if epoch < self.start_from_epoch:
+            return
+        if self.restore_best_weights and self.best_weights is None:
+            self.best_weights = self.model.get_weights()  # the first epoch is the best so far
+            self.best_epoch = epoch
+        self.wait += 1
+        if self._is_improvement(current, self.best):
+            self.best, self.best_epoch = float(current), epoch
+            if self.restore_best_weights:
+                self.best_weights = self.model.get_weights()
+            if self.baseline is None or self._is_improvement(current, self.baseline):
+                self.wait = 0
+            return
+        if self.wait >= self.patience and epoch > 0:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+            if self.restore_best_weights and self.best_weights is not None:
+                if self.verbose:
+                    print("Restoring model weights from the end of the best epoch: "
+                          f"{self.best_epoch + 1}.")
+                self.model.set_weights(self.best_weights)
+
+    def on_train_end(self, logs=None) -> None:
+        if self.stopped_epoch > 0 and self.verbose:
+            print(f"Epoch {self.stopped_epoch + 1}: early stopping")
+
+    def _is_improvement(self, value: float, reference: float) -> bool:
+        return bool(self.monitor_op(value - self.min_delta, reference))
+
+
+class LearningRateScheduler(Callback):
+    """Sets the optimizer's learning rate at the start of each epoch to `schedule(epoch, lr)`
+    (or `schedule(epoch)`), epochs counted from 0 (Keras' `LearningRateScheduler`). The
+    optimizer travels to the replicas with every step, so the new rate is what they use.
+    The rate of each epoch is logged as `learning_rate`."""
+
+    def __init__(self, schedule: Callable[..., float], verbose: int = 0):
+        if not callable(schedule):
+            raise TypeError(f"schedule={schedule!r} must be a function of (epoch, lr) or "
+                            "(epoch) returning the learning rate")
+        self.schedule = schedule
+        self.verbose = verbose
+        try:  # Keras tries (epoch, lr), then (epoch): decided once, from the signature
+            inspect.signature(schedule).bind(0, 0.1)
+            self._takes_lr = True
+        except TypeError:
+            self._takes_lr = False
+        except ValueError:  # no signature (a builtin): Keras' new API
+            self._takes_lr = True
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        optimizer = getattr(self.model, "optimizer", None)
+        if not hasattr(optimizer, "learning_rate"):
+            raise ValueError("LearningRateScheduler: the model's optimizer has no "
+                             "learning_rate (compile the model first)")
+        lr = float(optimizer.learning_rate)
+        new = self.schedule(epoch, lr) if self._takes_lr else self.schedule(epoch)
+        if isinstance(new, bool) or not isinstance(new, int | float | np.floating | np.integer) \
+                or not math.isfinite(new) or new <= 0:
+            raise ValueError(f"LearningRateScheduler: schedule returned {new!r} for epoch "
+                             f"{epoch}; it must return a positive finite number")
+        optimizer.learning_rate = float(new)
+        if self.verbose:
+            print(f"\nEpoch {epoch + 1}: LearningRateScheduler setting learning rate to "
+                  f"{float(new)}.")
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        if logs is not None:
+            logs["learning_rate"] = float(self.model.optimizer.learning_rate)

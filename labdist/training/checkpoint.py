@@ -17,12 +17,12 @@ from labdist.training.checkpoint_files import (
     read_headers,
     read_index,
 )
+from labdist.training.restore import CASTING, assign_all, check_arrays, check_meta
 
-__all__ = ["FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write"]
+__all__ = ["CASTING", "FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write"]
 
 FORMAT = 1
 META = ("meta/format", "meta/iterations")  # required, integer scalars
-CASTING = "safe"  # a stored dtype restores into a variable only if no value can change
 
 
 class Checkpoint:
@@ -103,31 +103,10 @@ class Checkpoint:
         self.model._iterations = iterations
 
     def _check_meta(self, path: Path, headers: dict) -> None:
-        for key in META:
-            if key not in headers:
-                raise CheckpointError(f"checkpoint {str(path)!r} has no {key!r}: not a labdist "
-                                      "checkpoint, or a damaged one")
-            shape, dtype = headers[key]
-            if shape != () or dtype.kind not in "iu":
-                raise CheckpointError(f"checkpoint {str(path)!r}: {key!r} is {dtype} of shape "
-                                      f"{shape}; it must be an integer scalar")
+        check_meta(path, headers, META)
 
     def _check_arrays(self, path: Path, headers: dict, variables: dict) -> None:
-        found = {k for k in headers if k not in META}
-        if found != set(variables):
-            missing, extra = sorted(set(variables) - found), sorted(found - set(variables))
-            raise CheckpointError(f"checkpoint {str(path)!r} does not match this model: "
-                                  f"missing {missing}, unexpected {extra}")
-        for key, v in variables.items():
-            shape, dtype = headers[key]
-            if shape != tuple(v.shape):
-                raise CheckpointError(f"checkpoint {str(path)!r}: {key} has shape {shape}, "
-                                      f"the model has {tuple(v.shape)}")
-            if not np.can_cast(dtype, v.dtype, casting=CASTING):
-                raise CheckpointError(
-                    f"checkpoint {str(path)!r}: {key} is {dtype}, which does not restore into "
-                    f"the model's {v.dtype} without changing values (allowed: {v.dtype} or a "
-                    f"dtype numpy casts to it under casting={CASTING!r})")
+        check_arrays(path, headers, variables, ignore=META)
 
     def _check_meta_values(self, path: Path, stored: dict) -> int:
         fmt, iterations = int(stored["meta/format"]), int(stored["meta/iterations"])
@@ -140,38 +119,4 @@ class Checkpoint:
         return iterations
 
     def _assign_all(self, path: Path, variables: dict, stored: dict, before: dict) -> None:
-        """Assign every variable; if one assignment fails, assign back `before` to those
-        already written (and the one that failed) and re-raise.
-
-        Why a rollback can fail: the strategy writes every replica's copy, and a replica
-        whose worker is gone cannot be written, neither forward nor back. Then the error
-        names the variables the rollback did not reach; `strategy.recover()` (BackupAndRestore
-        calls it before restoring) re-forms on the workers present, and a second restore
-        makes the model whole."""
-        m = self.model
-        done: list[str] = []
-        with m._strategy.scope():
-            try:
-                for key, v in variables.items():
-                    done.append(key)
-                    v.assign(stored[key].astype(v.dtype, copy=False))
-            except BaseException as error:
-                failed = _roll_back(variables, before, done)
-                if failed:
-                    raise CheckpointError(
-                        f"restoring {str(path)!r} failed at {done[-1]} ({error}), and rolling "
-                        f"back failed for {failed}: those variables may hold the checkpoint's "
-                        "values on some replicas; call strategy.recover() and restore again"
-                    ) from error
-                raise
-
-
-def _roll_back(variables: dict, before: dict, keys: list[str]) -> list[str]:
-    """Assign `before` back to `keys`, trying every one; returns those that failed."""
-    failed = []
-    for key in keys:
-        try:
-            variables[key].assign(before[key])
-        except Exception:
-            failed.append(key)
-    return failed
+        assign_all(self.model._strategy, path, variables, stored, before)

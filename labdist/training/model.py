@@ -7,6 +7,7 @@ partitioned: each replica steps the segment of the weights it reduced, then all 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 from labdist import context
 from labdist.input import Batches, split_sizes
 from labdist.training import layers as layers_mod
-from labdist.training import losses, optimizers
+from labdist.training import losses, optimizers, saving
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -55,6 +56,7 @@ class Sequential:
         self._metrics: list[str] = []
         self._steps_per_execution = 1
         self._iterations = 0
+        self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
         first = self.layers[0] if self.layers else None
         if getattr(first, "input_shape", None):
             self.build(first.input_shape[0])
@@ -117,6 +119,7 @@ class Sequential:
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
         history = History()
+        self.stop_training = False
         self._strategy.refresh()  # multi-worker: train on the workers present now
         for cb in callbacks:
             _call(cb, "set_model", self)
@@ -124,7 +127,10 @@ class Sequential:
         self._ensure_ready(x)
         resume = [_call(cb, "resume_epoch") for cb in callbacks]  # e.g. BackupAndRestore
         start = max([initial_epoch, *(e for e in resume if e is not None)])
+        logs: dict[str, float] = {}
         for epoch in range(start, epochs):
+            for cb in callbacks:
+                _call(cb, "on_epoch_begin", epoch)
             loss_sum = correct = seen = 0.0
             groups = _chunks(list(batches), self._steps_per_execution)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
@@ -144,12 +150,14 @@ class Sequential:
                 val = self.evaluate(*validation_data, batch_size=batch_size, verbose=0,
                                     return_dict=True)
                 logs.update({f"val_{k}": v for k, v in val.items()})
-            history._record(epoch, logs)
             bar.finish(logs)
             for cb in callbacks:
                 _call(cb, "on_epoch_end", epoch, logs)
+            history._record(epoch, logs)  # last, as Keras' History: sees what callbacks logged
+            if self.stop_training:  # e.g. EarlyStopping
+                break
         for cb in callbacks:
-            _call(cb, "on_train_end")
+            _call(cb, "on_train_end", logs)
         return history
 
     def _running_logs(self, loss_sum: float, correct: float, seen: float) -> dict[str, float]:
@@ -207,6 +215,12 @@ class Sequential:
             None if ys is None else _per_replica(ys), self._loss))
         return list(self._strategy.experimental_local_results(out))
 
+    @property
+    def optimizer(self):
+        """The optimizer `compile` set (None before): callbacks change its `learning_rate`
+        between epochs; each step ships it to the replicas, so the change reaches them."""
+        return self._optimizer
+
     # -- weights ------------------------------------------------------------------------------
     @property
     def weights(self) -> list[Variable]:
@@ -228,6 +242,19 @@ class Sequential:
             for v, w in zip(variables, weights, strict=True):
                 v.assign(np.asarray(w))
 
+    def save(self, path: str | os.PathLike) -> str:
+        """Architecture (`config.json`) and weights (`weights.npz`) in the directory `path`,
+        no pickle; `ld.models.load_model(path)` makes the model again."""
+        return saving.save_model(self, path)
+
+    def save_weights(self, path: str | os.PathLike) -> str:
+        """The weights alone, as an `.npz` file (`load_weights` reads it back)."""
+        return saving.save_weights(self, path)
+
+    def load_weights(self, path: str | os.PathLike) -> None:
+        """Assign the weights `save_weights` wrote, checked first: all or nothing."""
+        saving.load_weights(self, path)
+
     def summary(self) -> None:
         lines = [f'Model: "{self.name}"', f"{'Layer':<36}{'Units':<8}{'Params':>10}"]
         total = 0
@@ -238,6 +265,21 @@ class Sequential:
             lines.append(f"{layer!r:<24}{getattr(layer, 'units', '-')!s:<14}{count:>10}")
         lines.append(f"Total params: {total}")
         print("\n".join(lines))
+
+
+def load_model(path: str | os.PathLike, compile: bool = True) -> Sequential:
+    """The model `model.save(path)` wrote, under the strategy in scope now (Keras' rule),
+    compiled as it was unless `compile=False`. Layer types come from a fixed table: an
+    unknown one is refused (`CheckpointError`), never imported."""
+    saved = saving.read_saved(path)
+    model = Sequential(saved["layers"], name=saved["name"], seed=saved["seed"])
+    if saved["input_dim"] is not None and not model.built:
+        model.build(saved["input_dim"])
+    if model.built:
+        model.load_weights(saved["weights"])
+    if compile and saved["compile"] is not None:
+        model.compile(**saved["compile"])
+    return model
 
 
 # -- helpers ----------------------------------------------------------------------------------

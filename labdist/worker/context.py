@@ -15,6 +15,7 @@ from labdist import nest
 from labdist.collectives import all_gather, all_reduce
 from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
 from labdist.enums import ReduceOp, VariableAggregation
+from labdist.values import concat_along
 
 _local = threading.local()
 
@@ -79,6 +80,20 @@ class ReplicaContext:
         what = f"all_reduce({op.name}) of {nest.describe(treedef)}"
         reduced = all_reduce(self._replica.comm, self.next_seq(), what, arrays, op, backend)
         return nest.unflatten(treedef, reduced)
+
+    def all_gather(self, value: Any, axis: int) -> Any:
+        """Every replica's `value` (a nested structure of arrays) concatenated along `axis`,
+        in replica order, on every replica (TF's `ReplicaContext.all_gather`). Travels through
+        the host: meant for small values (predictions, labels, metrics)."""
+        if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
+            raise TypeError(f"axis={axis!r} must be an integer")
+        leaves, treedef = nest.flatten(value)
+        backend = self._replica.backend
+        host = [np.asarray(backend.to_host(self._as_array(v))) for v in leaves]
+        parts = self.all_gather_object(f"all_gather of {nest.describe(treedef)}", host)
+        gathered = [concat_along([p[i] for p in parts], int(axis), "ctx.all_gather")
+                    for i in range(len(host))]
+        return nest.unflatten(treedef, [backend.to_device(g) for g in gathered])
 
     def merge_call(self, merge_fn, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Run `merge_fn(strategy, *args)` once, on the driver, with every replica's args

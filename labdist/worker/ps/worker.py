@@ -28,6 +28,7 @@ from labdist import nest
 from labdist.backend import NUMPY
 from labdist.collectives import Communicator
 from labdist.errors import OutOfRangeError, ParameterServerLostError
+from labdist.input import InputContext
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
 from labdist.worker.context import ReplicaContext, enter
@@ -57,21 +58,6 @@ class PerWorkerIterator:
     def __next__(self):
         raise TypeError("a per-worker iterator is read inside scheduled functions: pass it "
                         "to coordinator.schedule(fn, args=(iterator,)) and call next() there")
-
-
-@dataclass(frozen=True)
-class InputContext:
-    """What a per-worker `dataset_fn(input_context)` learns about where it runs (TF's names)."""
-
-    num_input_pipelines: int
-    input_pipeline_id: int
-    num_replicas_in_sync: int = 1
-
-    def get_per_replica_batch_size(self, global_batch_size: int) -> int:
-        if global_batch_size % self.num_replicas_in_sync:
-            raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
-                             f"num_replicas_in_sync={self.num_replicas_in_sync}")
-        return global_batch_size // self.num_replicas_in_sync
 
 
 class WorkerStrategy:
