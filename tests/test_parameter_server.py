@@ -193,7 +193,8 @@ def race(strategy):
     with strategy.scope():
         big = ld.Variable(np.zeros(64 * 512, np.float32), name="big")
         flag = ld.Variable(0.0, name="flag")
-        done = ld.Variable(0.0, name="done")
+        # one done-flag per writer: two unlocked assign_adds on one variable could lose one
+        dones = [ld.Variable(0.0, name=f"done{i}") for i in range(2)]
     strategy._set_chunk_delay(0.01)  # an update takes >= 0.63 s
     strategy.reset_stats()
     coordinator = ld.ClusterCoordinator(strategy)
@@ -202,21 +203,21 @@ def race(strategy):
         flag.assign(1.0)
         states, torn = set(), 0
         deadline = time.monotonic() + 30
-        while float(done.read_value()) < 2 and time.monotonic() < deadline:
+        while sum(float(d.read_value()) for d in dones) < 2 and time.monotonic() < deadline:
             a = big.numpy()
             torn += bool(a.min() != a.max())
             states.add((float(a.min()), float(a.max())))
         return states, torn
 
-    def writer():
+    def writer(i):
         while float(flag.read_value()) < 1:
             time.sleep(0.002)
         big.assign_add(np.ones(64 * 512, np.float32))
-        done.assign_add(1.0)
+        dones[i].assign(1.0)
 
     seen = coordinator.schedule(reader)
-    for _ in range(2):
-        coordinator.schedule(writer)
+    for i in range(2):
+        coordinator.schedule(writer, args=(i,))
     coordinator.join()
     strategy._set_chunk_delay(0.0)
     states, torn = seen.fetch()
