@@ -1,4 +1,4 @@
-"""A single-process reference of SEMANTICS.md §2, written from the spec's tables alone.
+"""A single-process reference of docs/semantics.md §2, written from the spec's tables alone.
 
 Like micrograd's tests against PyTorch: labdist's distributed results are compared with what
 this tiny model says, for every synchronization x aggregation x operation x context.

@@ -1,7 +1,7 @@
 """Strategies on real Dask clusters, no mocks: the `dask scheduler` / `dask worker` command
 line, a `distributed.Client`, a `LocalCluster` object, and the embedded cluster that
-`MirroredStrategy(num_replicas=N)` starts and owns (SEMANTICS.md §1, DESIGN.md "Replicas on
-workers").
+`MirroredStrategy(num_replicas=N)` starts and owns (docs/semantics.md §1, docs/design.md
+"Replicas on workers").
 
 Cluster start-ups are expensive on a 2-core machine, so the command-line cluster is started
 once for the module and every test that can share it does.
@@ -88,7 +88,7 @@ def _replicas(strategy: ld.Strategy) -> ld.PerReplica:
 
 
 def _check_semantics_example(strategy: ld.Strategy) -> None:
-    """SEMANTICS.md §2's example (initial 10, per-replica 1 and 2) and §3's all_reduce, run
+    """docs/semantics.md §2's example (initial 10, per-replica 1 and 2) and §3's all_reduce, run
     through whatever workers `strategy` has (two replicas)."""
     assert strategy.num_replicas_in_sync == 2
     with strategy.scope():

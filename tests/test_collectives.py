@@ -1,4 +1,4 @@
-"""SEMANTICS.md §3: all_reduce, strategy.reduce, merge_call, run results, and what happens when
+"""docs/semantics.md §3: all_reduce, strategy.reduce, merge_call, run results, and what happens when
 replicas disagree — through real worker processes."""
 
 from __future__ import annotations

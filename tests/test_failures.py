@@ -1,4 +1,4 @@
-"""A lost worker: mirrored mode stops with a clear error naming it (DESIGN.md, Reliability)."""
+"""A lost worker: mirrored mode stops with a clear error naming it (docs/design.md, Reliability)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SEMANTICS.md §4: splitting global batches across replicas, and the batching helper."""
+"""docs/semantics.md §4: splitting global batches across replicas, and the batching helper."""
 
 from __future__ import annotations
 

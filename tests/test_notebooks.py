@@ -1,11 +1,13 @@
-"""Every notebook in notebooks/ is committed without outputs and runs top to bottom, headless,
-in a real kernel of this interpreter (nbclient). New notebooks are picked up automatically."""
+"""Every notebook in notebooks/ is committed without outputs, stays so when `labdist lab` saves
+it, and runs top to bottom, headless, in a real kernel of this interpreter (nbclient). New
+notebooks are picked up automatically."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
+import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -102,3 +104,59 @@ def test_the_readme_links_resolve_and_list_every_notebook():
     badge = re.search(r"mybinder\.org/v2/gh/[^)\s]+\?urlpath=lab/tree/([^)\s]+)\)", readme)
     assert badge and (root / badge[1]).is_file(), "the Binder badge must open a notebook"
     assert f"/lab/tree/{badge[1]}" in (root / "binder" / "postBuild").read_text()
+
+
+def test_checkpoints_are_ignored_by_git():
+    """JupyterLab writes .ipynb_checkpoints/ next to every notebook it saves."""
+    ignored = (NOTEBOOK_DIR.parent / ".gitignore").read_text().split()
+    assert ".ipynb_checkpoints/" in ignored
+
+
+def test_the_save_hook_strips_what_a_run_adds():
+    from labdist.cli.notebook_outputs import strip_outputs
+
+    nb = nbformat.read(NOTEBOOK_DIR / "01_variable_synchronization.ipynb", as_version=4)
+    clean = nbformat.writes(nb)
+    _add_run_traces(nb)
+    model = {"type": "notebook", "content": nb}
+    strip_outputs(model=model, path="x.ipynb", contents_manager=None)
+    assert nbformat.writes(model["content"]) == clean
+    text = {"type": "file", "content": "print(1)"}
+    strip_outputs(model=text, path="x.py", contents_manager=None)
+    assert text["content"] == "print(1)"
+
+
+def _add_run_traces(nb: nbformat.NotebookNode) -> None:
+    """What running and saving a notebook in JupyterLab adds to it."""
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = i + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+        cell.metadata["execution"] = {"iopub.status.idle": "2026-01-01T00:00:00Z"}
+
+
+@pytest.mark.timeout(120)
+def test_labdist_lab_saves_its_notebooks_without_outputs(tmp_path: Path):
+    """Through the real `labdist lab` (serving the package's notebooks/): a notebook saved
+    with outputs, as JupyterLab's autosave does, stays byte-identical on disk."""
+    import jupyter_server
+
+    path = NOTEBOOK_DIR / "01_variable_synchronization.ipynb"
+    committed = path.read_bytes()
+    nb = nbformat.reads(committed.decode(), as_version=4)
+    _add_run_traces(nb)
+    port, log = jupyter_server.free_port(), tmp_path / "lab.log"
+    command = [sys.executable, "-m", "labdist", "lab", "--no-browser", "--port", str(port),
+               "--", *jupyter_server.root_flag()]
+    try:
+        with jupyter_server.running(command, port, tmp_path, log) as base:
+            request = urllib.request.Request(
+                f"{base}/api/contents/{path.name}", method="PUT",
+                headers={"Authorization": f"token {jupyter_server.TOKEN}",
+                         "Content-Type": "application/json"},
+                data=json.dumps({"type": "notebook", "format": "json", "content": nb}).encode())
+            with urllib.request.urlopen(request, timeout=30) as response:
+                assert response.status == 200
+        assert path.read_bytes() == committed
+    finally:
+        path.write_bytes(committed)

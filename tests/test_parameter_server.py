@@ -1,5 +1,5 @@
-"""ParameterServerStrategy and ClusterCoordinator on real worker processes (SEMANTICS.md §5,
-DESIGN.md "Parameter servers", issue 4): variables on ParameterStore actors, workers that pull
+"""ParameterServerStrategy and ClusterCoordinator on real worker processes (docs/semantics.md §5,
+docs/design.md "Parameter servers", issue 4): variables on ParameterStore actors, workers that pull
 and push, torn reads made certain (not likely) and counted, use_locking, staleness and its
 bound, SyncReplicas with backups, and sync mode against MirroredStrategy.
 
@@ -185,7 +185,7 @@ def test_per_worker_datasets_errors_and_strategy_inside_functions(client):
             coordinator.schedule(3)
 
 
-# -- torn reads and use_locking (SEMANTICS.md §5), certain by design -------------------------
+# -- torn reads and use_locking (docs/semantics.md §5), certain by design -------------------------
 def race(strategy):
     """Three functions on three workers: a reader that flags it is reading, then two writers
     that wait for the flag and add 1 to every element of a 64-chunk variable at the same

@@ -1,5 +1,5 @@
 """Parameter-server training survives a lost worker and stops clearly on a lost parameter server
-(issue 4, DESIGN.md "Reliability"): real worker processes killed with SIGKILL, no mocks.
+(issue 4, docs/design.md "Reliability"): real worker processes killed with SIGKILL, no mocks.
 
 A worker that dies mid-function has that function re-run on the others and training goes on; a
 parameter server that dies stops the run with ParameterServerLostError naming it, and the last

@@ -1,5 +1,5 @@
 """A worker killed during `fit`: a clear error naming it, then `fit` again with
-BackupAndRestore resumes from the last finished epoch on the workers present (DESIGN.md,
+BackupAndRestore resumes from the last finished epoch on the workers present (docs/design.md,
 Reliability; issue 3)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SEMANTICS.md §1-§2 through real worker processes, against the single-process reference."""
+"""docs/semantics.md §1-§2 through real worker processes, against the single-process reference."""
 
 from __future__ import annotations
 

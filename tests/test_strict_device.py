@@ -1,7 +1,7 @@
 """The strict device double (labdist/strict_device.py): a numpy-backed stand-in for cupy whose
 arrays refuse to become host arrays implicitly, so host/device mix-ups fail on a laptop the way
 they fail on a GPU. First the double on its own, then through real strategies on it
-(SEMANTICS.md §1: values returned to the driver are host numpy arrays, whatever the device).
+(docs/semantics.md §1: values returned to the driver are host numpy arrays, whatever the device).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from labdist.cli.errors import UserError
+from labdist.cli.notebook_outputs import save_options
 
 FIRST_NOTEBOOK = "00_lab.ipynb"
 
@@ -46,7 +47,8 @@ def lab(directory: str | None, port: int | None, no_browser: bool, extra: list[s
         if not path.is_dir():
             raise UserError(f"{directory!r} is not a folder")
     print(f"JupyterLab on {path} (Ctrl-C to stop)", flush=True)
-    command = lab_command(path, port, no_browser, extra)
+    # labdist's own notebooks are saved without outputs: running them leaves git clean
+    command = lab_command(path, port, no_browser, save_options(path == notebooks_dir()) + extra)
     # Become JupyterLab: a child would be orphaned when `labdist lab` gets SIGTERM.
     os.execv(command[0], command)
     return 0  # not reached
