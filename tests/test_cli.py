@@ -137,6 +137,7 @@ def test_demo_prints_progress_and_writes_png_and_html(tmp_path):
     assert re.search(r"step\s+5\s+loss=", text)  # progress of both experiments
     png, html = out / "demo.png", out / "report.html"
     assert f"Chart:  {png}" in text and f"Report: {html}" in text
+    assert sorted(p.name for p in out.iterdir()) == ["demo.png", "report.html"]  # no temp files
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     pixels = imread(png)
