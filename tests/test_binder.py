@@ -9,11 +9,14 @@ and fill), so it runs once per CI and the environment is shared by the module's 
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
@@ -155,3 +158,30 @@ def test_jupyterlab_opens_the_lab_notebook(binder_venv: Path, tmp_path):
         assert status == 200
         served = {c["name"] for c in json.loads(body)["content"]}
         assert {p.name for p in NOTEBOOKS} <= served
+        # jupyter-server-proxy: the lab's dashboard link, {prefix}proxy/{port}/status, opens
+        with _http_server("dashboard here") as dashboard_port:
+            status, _, body = jupyter_server.get(
+                f"{base}/proxy/{dashboard_port}/status?token={token}")
+            assert (status, body) == (200, "dashboard here")
+
+
+@contextlib.contextmanager
+def _http_server(text: str):
+    """A local HTTP server answering `text` (a stand-in for the Dask dashboard); its port."""
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

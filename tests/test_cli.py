@@ -67,6 +67,9 @@ def test_help_names_every_command_and_option():
     (["demo", "--replicas", "0"], 2, ["--replicas"]),
     (["demo", "--", "--port", "1"], 2, ["labdist lab"]),
     (["lab", "/no/such/folder"], 1, ["/no/such/folder"]),
+    (["lab", "~no-such-user-here/x"], 1, ["~no-such-user-here/x"]),
+    (["run", "--scheduler", "tcp://127.0.0.1:99999"], 1, ["99999", "1..65535"]),
+    (["demo", "--out", "~no-such-user-here/x"], 1, ["--out", "~no-such-user-here/x"]),
 ])
 def test_user_mistakes_are_one_line(args, code, needles):
     assert_one_line_error(labdist(*args, timeout=60), code, *needles)
@@ -88,6 +91,41 @@ def test_demo_out_must_be_a_folder(tmp_path):
     assert_one_line_error(labdist("demo", "--out", str(a_file), timeout=60), 1, "--out")
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("out", "why"), [
+    ("/proc/nope", "not a writable folder"),  # /proc takes no new folders, even from root
+    ("/dev/null/report", "'/dev/null' is not a folder"),
+])
+def test_demo_out_unusable_is_one_line_before_the_run(out, why):
+    start = time.monotonic()
+    result = labdist("demo", "--out", out, timeout=60)
+    assert_one_line_error(result, 1, "--out", repr(out), why)
+    assert "step" not in result.stdout  # refused before the demo ran, not after
+    assert time.monotonic() - start < 20
+    assert not Path(out).exists()
+
+
+def test_demo_out_leaves_nothing_behind_when_refused(tmp_path):
+    from labdist.cli.errors import UserError
+    from labdist.cli.paths import output_folder, write_atomically
+
+    target = tmp_path / "a" / "b"
+    with pytest.raises(RuntimeError), output_folder("--out", str(target)) as folder:
+        assert folder == target and folder.is_dir()
+        raise RuntimeError("the run failed")
+    assert not (tmp_path / "a").exists()  # the folders this run made are gone again
+    (tmp_path / "kept").mkdir()
+    with output_folder("--out", str(tmp_path / "kept")) as folder, \
+            pytest.raises(ZeroDivisionError):
+        write_atomically(folder / "x.txt", lambda p: (p.write_text("half"), 1 / 0))
+    assert list((tmp_path / "kept").iterdir()) == [] and (tmp_path / "kept").is_dir()
+    (tmp_path / "kept" / "f").write_text("a file")
+    with pytest.raises(UserError, match="f' is not a folder"), \
+            output_folder("--out", str(tmp_path / "kept" / "f" / "g")):
+        pass
+    assert (tmp_path / "kept" / "f").read_text() == "a file"
+
+
 # -- demo ---------------------------------------------------------------------------------------
 def test_demo_prints_progress_and_writes_png_and_html(tmp_path):
     out = tmp_path / "report"
@@ -99,6 +137,7 @@ def test_demo_prints_progress_and_writes_png_and_html(tmp_path):
     assert re.search(r"step\s+5\s+loss=", text)  # progress of both experiments
     png, html = out / "demo.png", out / "report.html"
     assert f"Chart:  {png}" in text and f"Report: {html}" in text
+    assert sorted(p.name for p in out.iterdir()) == ["demo.png", "report.html"]  # no temp files
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     pixels = imread(png)
@@ -224,6 +263,29 @@ def test_lab_serves_the_folder_and_opens_the_lab_notebook(tmp_path):
         assert [c["name"] for c in json.loads(body)["content"]] == ["00_lab.ipynb"]
         assert jupyter_server.get(f"{base}/lab/tree/00_lab.ipynb?token={token}")[0] == 200
     assert f"JupyterLab on {folder}" in log.read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs to run as root")
+def test_lab_as_root_passes_allow_root_and_serves(tmp_path):
+    """As root JupyterLab refuses to start unless told: `labdist lab` tells it, and says so."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    port, log = jupyter_server.free_port(), tmp_path / "lab.log"
+    command = [*LABDIST, "lab", str(folder), "--no-browser", "--port", str(port)]
+    with jupyter_server.running(command, port, tmp_path, log) as base:
+        status, _, body = jupyter_server.get(f"{base}/api/contents?token={jupyter_server.TOKEN}")
+        assert status == 200 and json.loads(body)["content"] == []
+    assert "Running as root: passing --allow-root to JupyterLab" in log.read_text()
+
+
+def test_root_flags_only_for_root_and_only_once():
+    from labdist.cli.lab import root_flags
+
+    assert root_flags([], euid=0) == ["--allow-root"]
+    assert root_flags(["--allow-root"], euid=0) == []
+    assert root_flags(["--ServerApp.allow_root=True"], euid=0) == []
+    assert root_flags([], euid=1000) == []
 
 
 def test_lab_without_a_notebook_00_opens_jupyterlab_itself(tmp_path):

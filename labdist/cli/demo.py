@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from labdist.cli.errors import UserError
+from labdist.cli.paths import output_folder, write_atomically
 
 CHART, REPORT = "demo.png", "report.html"
 
@@ -15,15 +14,14 @@ def demo(replicas: int, steps: int, out: str) -> int:
     except ImportError:
         raise UserError("matplotlib is needed for the demo's chart: pip install matplotlib") \
             from None
-    out_dir = Path(out).expanduser()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out!r} exists and is not a folder")
     from labdist.cli.report import chart, page
     from labdist.demo import run_demo
 
-    figures = run_demo(num_replicas=replicas, steps=steps,
-                       say=lambda line: print(line, flush=True))
-    png = chart(figures["traces"], out_dir / CHART)
-    report = page(figures, png, out_dir / REPORT)
+    with output_folder("--out", out) as out_dir:  # checked before the run, not after it
+        figures = run_demo(num_replicas=replicas, steps=steps,
+                           say=lambda line: print(line, flush=True))
+        png = write_atomically(out_dir / CHART, lambda path: chart(figures["traces"], path))
+        report = write_atomically(out_dir / REPORT,
+                                  lambda path: page(figures, out_dir / CHART, path))
     print(f"Chart:  {png}\nReport: {report}")
     return 0

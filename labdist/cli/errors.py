@@ -37,6 +37,8 @@ def check_scheduler(address: str | None, timeout: float) -> str:
     if scheme not in SCHEMES:
         raise UserError(f"--scheduler {address!r}: unknown scheme {scheme!r}; allowed: "
                         f"{', '.join(SCHEMES)} (e.g. tcp://HOST:8786)")
+    if not 0 < port < 65536:
+        raise UserError(f"--scheduler {address!r}: port {port} is outside 1..65535")
     if scheme != "ucx":
         try:
             with socket.create_connection((host, port), timeout=min(timeout, 5.0)):

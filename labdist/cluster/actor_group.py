@@ -9,6 +9,7 @@ from typing import Any
 
 from distributed import Client, Future
 
+from labdist.cluster.dashboard import proxied_link, show_replica_steps
 from labdist.cluster.local import connect, start_local_cluster
 
 
@@ -30,6 +31,7 @@ class ActorGroup:
         if cluster is None:
             self._owned_cluster = cluster = start_local_cluster(local_workers)
         self.client, self._owns_client = connect(cluster, timeout, security)
+        show_replica_steps(self.client)
 
     def _take_over(self, old: ActorGroup) -> None:
         """Own what `old` owned (its embedded cluster, its client): `old` is being replaced."""
@@ -55,7 +57,9 @@ class ActorGroup:
 
     @property
     def dashboard_link(self) -> str | None:
-        return self.client.dashboard_link if self._owned_cluster is not None else None
+        if self._owned_cluster is None:
+            return None
+        return proxied_link(self.client.dashboard_link)
 
     def present_workers(self) -> list[str]:
         return sorted(self.client.scheduler_info(n_workers=-1)["workers"])

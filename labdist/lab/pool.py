@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist.cluster.dashboard import proxied_link
 from labdist.lab.backends import MirroredBackend
 from labdist.lab.models import LabModel, ParamSpec
 
@@ -58,7 +59,7 @@ class StrategyPool:
         link = getattr(self.first, "dashboard_link", None)
         if link is None:
             client = getattr(self.first, "client", None)
-            link = getattr(client, "dashboard_link", None)
+            link = proxied_link(getattr(client, "dashboard_link", None))
         return link
 
     def strategy(self, key: tuple) -> Any:

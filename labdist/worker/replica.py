@@ -14,6 +14,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from labdist.errors import PeerAbortedError
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
+from labdist.worker.step_report import StepLog, StepReporter
 
 
 @dataclass
@@ -49,7 +51,8 @@ class StepEvent:
 class ReplicaCore:
     """Variable copies (as `backend` arrays) plus a step thread. Not tied to Dask."""
 
-    def __init__(self, rank: int, world: int, backend: Backend, comm, copy_results: bool = False):
+    def __init__(self, rank: int, world: int, backend: Backend, comm, copy_results: bool = False,
+                 step_log: StepLog | None = None):
         self.rank = rank
         self.world = world
         self.backend = backend
@@ -60,9 +63,11 @@ class ReplicaCore:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._resume: queue.SimpleQueue = queue.SimpleQueue()
         self._event: Future | None = None
+        self.steps = step_log  # where the dashboard's reports come from, if anywhere
         self._thread = threading.Thread(target=self._step_loop, daemon=True,
                                         name=f"labdist-replica-{rank}")
         self._thread.start()
+        self.thread_id: int = self._thread.ident
 
     # -- variable copies ------------------------------------------------------------------------
     def create(self, var_id: int, host: np.ndarray) -> None:
@@ -144,6 +149,7 @@ class ReplicaCore:
             run_id, fn, args, kwargs = job
             self.comm.start_run(run_id)
             ctx = ReplicaContext(self, run_id)
+            start = time.time()
             try:
                 with enter(ctx):
                     result = fn(*self.to_device(args), **self.to_device(kwargs))
@@ -151,6 +157,8 @@ class ReplicaCore:
             except BaseException as e:  # reported to the driver, which re-raises it
                 event = StepEvent("error", ctx._seq, error=e, warnings=ctx.warnings,
                                   remote_traceback=traceback.format_exc())
+            if self.steps is not None:
+                self.steps.record(start, time.time(), ctx._seq)
             self._signal(event, next_event=None)
 
     def _signal(self, event: StepEvent, next_event: Future | None) -> None:
@@ -199,12 +207,14 @@ class Replica:
             comm = Communicator(endpoint, registry.create(registry.FALLBACK, endpoint))
         else:
             comm = Communicator.local()
-        self.core = ReplicaCore(rank, len(peers), backend, comm)
+        self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
         self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
         self._fn_bytes: bytes | None = None
         self._fn = None
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None  # the driver's fast lane, once opened
+        self._reporter = StepReporter(worker, self.core.steps, group, rank,
+                                      self.core.thread_id)
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
@@ -320,6 +330,7 @@ class Replica:
                 transport.close()
 
     async def close(self) -> None:
+        self._reporter.close()
         await self.transport_use([])
         self.core.comm.close()
         if self._lane is not None:
