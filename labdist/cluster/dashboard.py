@@ -30,6 +30,7 @@ class ReplicaStepStream(SchedulerPlugin):
     dashboard's Task Stream shows every replica working, as it shows tasks."""
 
     name = "labdist-replica-steps"
+    idempotent = True  # every strategy on a cluster registers it; the first one stays
 
     def __init__(self) -> None:
         self.scheduler: Any = None
