@@ -178,7 +178,14 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
                 assert v["y1"] - v["y0"] <= 1.5 * span + 2e-12 or span < 1e-6, (chart, v)
                 assert v["x1"] - v["x0"] <= 200 + 1e-9, v  # the default window
 
-            # reset: the throughput starts again without a spike
+            # reset in PS async (rounds finish together there): the throughput starts again
+            # without a spike
+            _click(page, "kind", "PS async")
+            _wait_caption(page, "throughput", "waits for each round")
+            page.wait_for_function(
+                "() => { const s = document.querySelector('.labdist-throughput').labdist;"
+                " const ev = s.events[s.events.length - 1].x;"
+                " return s.x.filter(x => x > ev + 20).length > 0; }", timeout=30_000)
             before = page.evaluate(
                 "() => document.querySelector('.labdist-throughput').labdist.x.length")
             page.locator(".labdist-reset").click()
