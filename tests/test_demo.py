@@ -23,3 +23,15 @@ def test_command_line():
     bad = subprocess.run([sys.executable, "-m", "labdist", "demo", "--replicas", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--replicas" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_demo_text_says_what_the_spread_did():
+    lines: list[str] = []
+    figures = run_demo(num_replicas=2, steps=30, say=lines.append)
+    ws = figures["traces"][1]["w"]
+    spreads = [max(w) - min(w) for w in ws]
+    (story,) = [line for line in lines if "spread of w:" in line]
+    assert f"{spreads[0]:.3g} after step 0" in story and f"{spreads[-1]:.3g} at the end" in story
+    shrank = spreads[-1] < max(spreads)
+    assert ("never agree" in story) == shrank and ("keep parting" in story) == (not shrank)
+    assert not any("drift" in line for line in lines)  # the numbers decide the words

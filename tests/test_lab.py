@@ -470,3 +470,17 @@ def test_a_lab_on_a_parameter_server_strategy_switches_to_mirrored(strategy):
         assert not ps._closed  # the lab closes only what it made
     finally:
         ps.close()
+
+
+def test_throughput_never_divides_by_a_tiny_interval():
+    from labdist.lab.backends import StepRecord
+    from labdist.lab.history import MIN_SPAN_S, RunHistory
+
+    history = RunHistory(["w"], [0])
+    t0 = time.time()
+    for k in range(3):  # three steps 10 µs apart, as right after a reset or a drain
+        history.add(StepRecord(k + 1, "mirrored", [0.0], [1], np.zeros((1, 2)), 1,
+                               time=t0 + k * 1e-5))
+    assert history.steps_per_second() <= 2 / MIN_SPAN_S  # not 2e5
+    history.clear()
+    assert history.steps_per_second() == 0.0

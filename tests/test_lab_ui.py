@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.ui import LabPanel
+from labdist.ui import LabPanel, LineChart
 from labdist.ui.publisher import RATE_HZ
 from labdist.ui.stream import assemble, esm
 
@@ -244,3 +244,54 @@ def test_esm_refuses_names_that_are_not_charts():
         esm("_shared")
     with pytest.raises(FileNotFoundError, match=r"nope\.js is missing"):
         esm("nope")
+
+
+def test_captions_say_what_to_expect_in_each_mode():
+    from labdist.lab.config import RunConfig
+    from labdist.ui.captions import captions
+
+    def text(**settings) -> dict[str, str]:
+        return captions(RunConfig().replace(settings, 2))
+
+    assert "spread stays 0" in text()["spread"]
+    none = text(aggregation="NONE")["spread"]
+    assert none.startswith("ON_WRITE, NONE: replicas update on their own — spread grows")
+    assert "every 5 steps" in text(synchronization="ON_READ", sync_period=5)["spread"]
+    ps = text(kind="ps_async")
+    assert "not diverging copies" in ps["spread"]
+    assert "waits for each round" in ps["throughput"]
+    assert "torn reads and lost updates can be non-zero" in ps["staleness"]
+    assert "serialised" in text(kind="ps_async", use_locking=True)["staleness"]
+    assert "staleness 0" in text(kind="ps_sync")["staleness"]
+    assert "no parameter servers now" in text()["staleness"]
+
+
+def test_panel_captions_follow_the_mode_and_the_window_slider_sets_every_line_chart(strategy):
+    with ld.Lab(strategy, skew=1.0) as lab:
+        panel = LabPanel(lab)
+        assert "spread stays 0" in panel.charts["spread"].caption
+        lab.set(aggregation="NONE")
+        lab.step(2)
+        settle(panel, lab)
+        assert "spread grows" in panel.charts["spread"].caption
+        assert "the lines part" in panel.charts["track:w"].caption
+        panel.window.value = 500
+        lines = [c for c in panel.charts.values() if isinstance(c, LineChart)]
+        assert len(lines) >= 4 and all(c.window == 500 for c in lines)
+        with pytest.raises(Exception, match="window=-1 must be 0"):
+            lines[0].window = -1
+        panel.close()
+
+
+def test_the_staleness_bars_add_up_to_the_updates_shown_across_switches(strategy):
+    with ld.Lab(strategy, kind="ps_async") as lab:
+        panel = LabPanel(lab)
+        for kind in ("ps_async", "mirrored", "ps_async"):
+            lab.set(kind=kind)
+            lab.step(6)
+            settle(panel, lab)
+            chart = panel.charts["staleness"]
+            shown = int(re.match(r"(\d+) updates", chart.note).group(1))
+            assert sum(chart.counts.values()) == shown, (kind, chart.counts, chart.note)
+            assert shown == (0 if kind == "mirrored" else 6 * 2 * 2), chart.note
+        panel.close()

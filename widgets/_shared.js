@@ -72,6 +72,59 @@ export function legend(box, model, swatch) {
   });
 }
 
+// the short form of an event label ("aggregation → NONE" → "agg→NONE"): drawn when the full
+// text has no room; the full text stays on hover
+const SHORT = [[/\baggregation\b/g, "agg"], [/\bsynchronization\b/g, "sync"],
+  [/\blearning_rate\b/g, "lr"], [/\buse_locking\b/g, "lock"], [/\bsync_period\b/g, "period"],
+  [/\bdelays\b/g, "delay"], [/ → /g, "→"], [/, /g, ","], [/ON_WRITE/g, "OW"], [/ON_READ/g, "OR"]];
+export function abbreviate(label) {
+  return SHORT.reduce((t, [re, to]) => t.replace(re, to), label);
+}
+
+// Event labels that never overlap: each label (latest first) takes the first of `lanes` rows
+// where its box is free, in its full form, else abbreviated, else as a bare "…"; one that still
+// finds no room is left off (its dashed line and the hover keep it). `items`: [{x, label}] in
+// canvas pixels; returns the drawn boxes [{x, y, w, h, text, label}] (the tests read them).
+export function placeLabels(ctx, items, area, lanes = 3) {
+  const { pad, w } = area;
+  const right = pad.l + w;
+  const h = 12;
+  const boxes = [];
+  const free = (b) => boxes.every((o) => b.x + b.w + 3 <= o.x || o.x + o.w + 3 <= b.x
+    || b.y + b.h <= o.y || o.y + o.h <= b.y);
+  for (let i = items.length - 1; i >= 0; i--) {
+    const { x, label } = items[i];
+    let placed = null;
+    for (const text of [label, abbreviate(label), "…"]) {
+      const tw = Math.ceil(ctx.measureText(text).width) + 4;
+      let left = x + 2;
+      if (left + tw > right) left = x - 2 - tw; // no room on the right: the line's left
+      if (left < pad.l) continue;
+      for (let lane = 0; lane < lanes && !placed; lane++) {
+        const b = { x: left, y: pad.t + 2 + lane * (h + 1), w: tw, h, text, label };
+        if (free(b)) placed = b;
+      }
+      if (placed) break;
+    }
+    if (placed) boxes.push(placed);
+  }
+  return boxes;
+}
+
+// hovering an event line or its label shows the full labels there (the canvas's tooltip)
+export function hoverEvents(canvas, s) {
+  canvas.addEventListener("mousemove", (ev) => {
+    const r = canvas.getBoundingClientRect();
+    const mx = ev.clientX - r.left;
+    const my = ev.clientY - r.top;
+    const near = (s.eventMarks || []).filter((m) => Math.abs(m.px - mx) <= 4
+      || (s.labels || []).some((b) => b.label === m.label && mx >= b.x && mx <= b.x + b.w
+        && my >= b.y && my <= b.y + b.h));
+    const text = near.map((m) => m.title).join("\n");
+    if (canvas.title !== text) canvas.title = text;
+  });
+}
+
 // A chart's view: a title, a line under it (`header(box, model)` fills it), and the canvas.
 // `apply(s, msg)` folds a kernel message into the state `s`; `draw(el, canvas, model, s)` paints
 // it. `el.labdist` is the state (tests and benchmarks read it: updates, draws, drawMs).
@@ -81,11 +134,15 @@ export function mountChart({ model, el }, { name, state, apply, draw, header }) 
   el.style.cssText = "font:12px sans-serif;color:#222;min-width:260px";
   const title = document.createElement("div");
   title.style.cssText = "font-weight:600;margin:2px 0 2px 4px";
+  const caption = document.createElement("div"); // what the chart shows in the current mode
+  caption.className = "labdist-caption";
+  caption.style.cssText = "margin:0 0 2px 4px;font-size:11px;color:#555;min-height:14px";
   const box = document.createElement("div");
   box.style.cssText = "margin:0 0 2px 4px;font-size:11px";
   const canvas = document.createElement("canvas");
   canvas.style.cssText = `width:100%;height:${model.get("height")}px;display:block`;
-  el.append(title, box, canvas);
+  el.append(title, caption, box, canvas);
+  hoverEvents(canvas, s);
   el.labdist = s;
   let scheduled = false;
   const frame = () => {
@@ -101,6 +158,7 @@ export function mountChart({ model, el }, { name, state, apply, draw, header }) 
   const onChange = () => {
     title.textContent = model.get("title");
     el.dataset.title = model.get("title");
+    caption.textContent = model.get("caption");
     canvas.style.height = `${model.get("height")}px`;
     header(box, model);
     invalidate();

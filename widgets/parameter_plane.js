@@ -3,7 +3,7 @@
 // ("append"), "event" markers, a new surface ("contours") when the data or the view changes,
 // and "reset"; a view that (re)connects says "hello" and gets one "snapshot".
 
-import { axisTitles, fitCanvas, fmt, legend, mountChart, ticks } from "./_shared.js";
+import { abbreviate, axisTitles, fitCanvas, fmt, legend, mountChart, ticks } from "./_shared.js";
 
 const MAX_POINTS = 3000; // per replica; older points thinned by half
 
@@ -130,15 +130,40 @@ function draw(el, canvas, model, s) {
   ctx.strokeStyle = "#6b2fa3";
   ctx.fillStyle = "#6b2fa3";
   ctx.font = "11px sans-serif";
-  s.events.forEach((e, k) => {
+  s.events.forEach((e) => {
     s.paths.forEach((path) => {
       const p = path[Math.min(e.index, path.length - 1)];
       if (!p) return;
       ctx.beginPath(); ctx.arc(px(p[0]), py(p[1]), 6, 0, 2 * Math.PI); ctx.stroke();
     });
-    const p0 = s.paths[0] && s.paths[0][Math.min(e.index, s.paths[0].length - 1)];
-    if (p0) ctx.fillText(e.label, Math.min(px(p0[0]) + 8, pad.l + w - 80), py(p0[1]) - 8 - (k % 3) * 12);
   });
+  // labels, latest first, each only where it overlaps none drawn (full text on hover)
+  s.labels = [];
+  s.eventMarks = [];
+  ctx.textAlign = "left"; // the context keeps the last frame's alignment otherwise
+  ctx.textBaseline = "top";
+  for (let k = s.events.length - 1; k >= 0; k--) {
+    const e = s.events[k];
+    const p0 = s.paths[0] && s.paths[0][Math.min(e.index, s.paths[0].length - 1)];
+    if (!p0) continue;
+    s.eventMarks.push({ px: px(p0[0]), label: e.label, title: e.label });
+    for (const text of [e.label, abbreviate(e.label)]) {
+      const bw = Math.ceil(ctx.measureText(text).width) + 4;
+      const b = { x: Math.max(pad.l, Math.min(px(p0[0]) + 8, pad.l + w - bw)), y: py(p0[1]) - 20,
+        w: bw, h: 12, text, label: e.label };
+      const free = s.labels.every((o) => b.x + b.w <= o.x || o.x + o.w <= b.x
+        || b.y + b.h <= o.y || o.y + o.h <= b.y);
+      if (free) {
+        s.labels.push(b);
+        ctx.fillStyle = "rgba(255,255,255,0.8)";
+        ctx.fillRect(b.x, b.y, b.w, b.h);
+        ctx.fillStyle = "#6b2fa3";
+        ctx.fillText(text, b.x + 2, b.y + 1);
+        break;
+      }
+    }
+  }
+  el.dataset.labels = JSON.stringify(s.labels.map((b) => [b.x, b.y, b.w, b.h]));
   ctx.restore();
 
   ctx.font = "11px sans-serif";

@@ -12,6 +12,8 @@ import numpy as np
 
 from labdist.lab.backends import StepRecord
 
+MIN_SPAN_S = 0.25  # the shortest interval a throughput is measured over
+
 
 def spread(values: np.ndarray) -> float:
     """Max distance of a copy to the copies' mean (0 when every replica agrees)."""
@@ -61,7 +63,7 @@ class RunHistory:
     events: list[Event] = field(default_factory=list)
     last_values: np.ndarray | None = None  # every parameter of every copy, latest row
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _recent: deque = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _recent: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
     def add(self, record: StepRecord) -> dict:
         """Append a record; returns the row as the charts take it."""
@@ -85,13 +87,15 @@ class RunHistory:
         return row
 
     def steps_per_second(self) -> float:
-        """Over the last steps (up to 64, within 2 s)."""
+        """Over the last steps (up to 1024, within 2 s), never over less than `MIN_SPAN_S`: right
+        after a reset or a drain, steps finish microseconds apart, and dividing by that gap
+        would report tens of thousands of steps a second."""
         with self._lock:
             times = [t for t in self._recent if t >= self._recent[-1] - 2.0] if self._recent \
                 else []
-        if len(times) < 2 or times[-1] <= times[0]:
+        if len(times) < 2:
             return 0.0
-        return (len(times) - 1) / (times[-1] - times[0])
+        return (len(times) - 1) / max(times[-1] - times[0], MIN_SPAN_S)
 
     def tracked(self, name: str) -> np.ndarray:
         """(steps, replicas) values of a tracked element."""

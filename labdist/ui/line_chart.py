@@ -12,6 +12,7 @@ from labdist.ui.stream import StreamChart, clean, esm
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#17becf"]
 MAX_POINTS = 4000  # per series; older points are thinned (as the front end does)
+DEFAULT_WINDOW = 200  # steps shown: 5 s at 40 steps/s, long enough to see a drift
 
 
 class LineChart(StreamChart):
@@ -21,6 +22,16 @@ class LineChart(StreamChart):
     colors = traitlets.List(traitlets.Unicode(), PALETTE).tag(sync=True)
     log_y = traitlets.Bool(False).tag(sync=True)
     emphasis = traitlets.Int(-1).tag(sync=True)  # a series drawn thicker (e.g. "global")
+    # the steps shown: the last `window` (0: all); the y axis fits what is shown
+    window = traitlets.Int(DEFAULT_WINDOW).tag(sync=True)
+
+    @traitlets.validate("window")
+    def _check_window(self, proposal):
+        value = proposal["value"]
+        if value < 0:
+            raise traitlets.TraitError(f"window={value!r} must be 0 (every step) or a number "
+                                       "of steps > 0")
+        return value
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -11,9 +11,9 @@ import ipywidgets as w
 
 from labdist.ui.controls import Controls
 from labdist.ui.histogram import Histogram
-from labdist.ui.line_chart import PALETTE, LineChart
+from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
-from labdist.ui.publisher import Publisher
+from labdist.ui.publisher import NO_PS_NOTE, Publisher
 
 
 def make_charts(lab) -> dict:
@@ -31,7 +31,7 @@ def make_charts(lab) -> dict:
     charts["staleness"] = Histogram(
         title="parameter-server staleness", x_label="staleness (updates between read and "
         "apply)", y_label="updates",
-        note="torn reads: 0 · lost updates: 0 (no parameter-server steps yet)")
+        note=NO_PS_NOTE)
     if lab.model.plane:
         a, b = lab.model.plane
         charts["plane"] = ParameterPlane(
@@ -61,15 +61,33 @@ class LabPanel:
         self.controls.on_error = lambda text: self.log.append_stdout(f"refused: {text}\n")
         charts = list(self.charts.values())
         plane = [self.charts["plane"]] if "plane" in self.charts else []
+        # two chart columns where they fit, one where not; the charts go under the controls
+        # when the notebook is narrow (nothing is cut off at the right)
         grid = w.GridBox([c for c in charts if c not in plane],
-                         layout=w.Layout(grid_template_columns="repeat(2, minmax(300px, 1fr))",
+                         layout=w.Layout(grid_template_columns="repeat(auto-fit, "
+                                         "minmax(280px, 1fr))",
                                          grid_gap="6px 10px", width="100%"))
         right = w.VBox([self.status, *plane, grid,
                         w.HTML("<b>events</b>"), self.log],
-                       layout=w.Layout(flex="1 1 auto", min_width="620px"))
-        left = w.VBox([self.controls.widget(), self.dashboard])
-        self.widget = w.HBox([left, right], layout=w.Layout(width="100%"))
+                       layout=w.Layout(flex="1 1 480px", min_width="0", width="auto"))
+        self.window = w.IntSlider(
+            value=DEFAULT_WINDOW, min=0, max=2000, step=50, description="window (steps)",
+            tooltip="the charts show the last this many steps (0: all); the y axis fits them",
+            continuous_update=False, style={"description_width": "110px"},
+            layout=w.Layout(width="290px"))
+        self.window.add_class("labdist-window")
+        self.window.observe(self._window_changed, names="value")
+        left = w.VBox([self.controls.widget(),
+                       w.HTML("<div style='margin:6px 0 0 2px;font-weight:600'>charts</div>"),
+                       self.window, self.dashboard], layout=w.Layout(flex="0 0 300px"))
+        self.widget = w.HBox([left, right], layout=w.Layout(width="100%", flex_flow="row wrap",
+                                                           grid_gap="0 10px"))
         self.widget.add_class("labdist-panel")
+
+    def _window_changed(self, change: dict) -> None:
+        for chart in self.charts.values():
+            if isinstance(chart, LineChart):
+                chart.window = int(change["new"])
 
     def close(self) -> None:
         self.publisher.close()

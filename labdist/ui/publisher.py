@@ -16,10 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from labdist.ui.captions import captions
+
 RATE_HZ = 20
 STATUS_HZ = 5
 LOG_LINES = 60
 GRID = 56  # the loss surface's resolution per axis
+NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-server steps in "
+              "this mode yet)")
 
 
 class Publisher:
@@ -42,6 +46,7 @@ class Publisher:
         plane = lab.model.plane
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
+        self._captions(lab.config)
         self._unsubscribe = lab.subscribe(self.items.put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
@@ -123,6 +128,8 @@ class Publisher:
         for name, chart in self.charts.items():
             if name == "staleness":  # its counts restart when the parameter server changes
                 if moved_ps:
+                    chart.reset()
+                    chart.note = NO_PS_NOTE
                     chart.event(f"since step {item['step']}: {label}")
             elif name == "plane":
                 chart.event(label)
@@ -134,6 +141,7 @@ class Publisher:
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
         self.controls.sync(self.lab.pending_config())
+        self._captions(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
 
@@ -143,14 +151,21 @@ class Publisher:
                  if v > self._ps_seen.get(k, 0)}
         self._ps_seen = seen
         self.charts["staleness"].add(delta)
-        self.charts["staleness"].note = (f"torn reads: {item['torn_reads']} · "
+        self.charts["staleness"].note = (f"{item['updates']} updates (the bars' total) · "
+                                         f"torn reads: {item['torn_reads']} · "
                                          f"lost updates: {item['lost_updates']} · "
-                                         f"updates: {item['updates']} · dropped stale: "
-                                         f"{item['dropped']}")
+                                         f"dropped stale: {item['dropped']}")
+
+    def _captions(self, config) -> None:
+        """Each chart's line of what to expect, for the mode now in effect."""
+        text = captions(config)
+        for name, chart in self.charts.items():
+            chart.caption = text[name.split(":")[0]]
 
     def _reset(self) -> None:
         for chart in self.charts.values():
             chart.reset()
+        self.charts["staleness"].note = NO_PS_NOTE
         self._ps_seen.clear()
         self._log("reset: back to the initial parameters at step 0")
         if self._plane_index is not None:

@@ -58,6 +58,7 @@ class StreamChart(anywidget.AnyWidget):
     x_label = traitlets.Unicode("").tag(sync=True)
     y_label = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(190).tag(sync=True)
+    caption = traitlets.Unicode("").tag(sync=True)  # one line: what it shows, in this mode
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

@@ -126,8 +126,8 @@ class JupyterLab:
 
 
 @contextlib.contextmanager
-def browser():
-    """A headless Debian chromium page (1500 x 1500: the whole panel in view)."""
+def browser(width: int = 1500, height: int = 1500):
+    """A headless Debian chromium page (default 1500 x 1500: the whole panel in view)."""
     if not Path(CHROMIUM).is_file():
         raise FileNotFoundError(f"{CHROMIUM} is missing: install Debian's chromium "
                                 "(apt-get install chromium); .ci/run does")
@@ -136,7 +136,7 @@ def browser():
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = b.new_page(viewport={"width": 1500, "height": 1500})
+            page = b.new_page(viewport={"width": width, "height": height})
             yield page
         finally:
             b.close()
@@ -156,9 +156,7 @@ class Notebook:
         page.locator(".jp-Notebook .jp-Cell").first.wait_for()
         idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
         idle.or_(page.locator(".jp-Dialog")).first.wait_for()
-        if page.locator(".jp-Dialog", has_text="Select Kernel").count():
-            page.locator(".jp-Dialog .jp-mod-accept").click()  # our kernel is preselected
-        self.check_dialog()
+        self.check_dialog()  # accepts "Select Kernel": our kernel is preselected
         idle.wait_for()
 
     def cell(self, i: int):
@@ -171,7 +169,11 @@ class Notebook:
         prompt = self.cell(i).locator(".jp-InputArea-prompt")
         before = prompt.inner_text()
         for _ in range(5):  # a key press while the kernel is still connecting can be lost
-            self.cell(i).locator(".jp-InputArea-editor").click()
+            self.check_dialog()  # JupyterLab can ask for the kernel late, after "idle"
+            try:
+                self.cell(i).locator(".jp-InputArea-editor").click(timeout=10_000)
+            except self._timeout_error:  # covered by a dialog that came meanwhile
+                continue
             self.page.keyboard.press("Shift+Enter")
             try:
                 self.page.wait_for_function(
@@ -185,9 +187,13 @@ class Notebook:
             self.wait_done(i)
 
     def check_dialog(self) -> None:
-        """A JupyterLab dialog (e.g. a kernel that failed to start) blocks every click: say
-        what it says instead of timing out behind it."""
+        """A JupyterLab dialog blocks every click. "Select Kernel" (shown late at times) is
+        accepted: our kernel is preselected. Any other (e.g. a kernel that failed to start)
+        raises what it says instead of timing out behind it."""
         dialog = self.page.locator(".jp-Dialog")
+        if dialog.count() and dialog.filter(has_text="Select Kernel").count():
+            dialog.locator(".jp-mod-accept").click()
+            dialog.wait_for(state="detached")
         if dialog.count():
             raise RuntimeError("JupyterLab shows a dialog: "
                                + " ".join(dialog.first.inner_text().split())[:500])
