@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="a short headless run on an embedded cluster, with a PNG and HTML report",
         description="Start a local Dask cluster (no scheduler needed), print the "
-                    "synchronization x aggregation table and show replicas converging (MEAN) "
-                    "and drifting (NONE); write a PNG chart of the replicas' values and an "
-                    "HTML report.")
+                    "synchronization x aggregation table and show the replicas' copies "
+                    "staying equal (MEAN) and parting, each on its own path (NONE); write a "
+                    "PNG chart of the replicas' values and an HTML report.")
     demo.add_argument("--replicas", type=_positive_int, default=2,
                       help="worker processes, one replica each (default 2)")
     demo.add_argument("--steps", type=_positive_int, default=30,

@@ -1,5 +1,5 @@
-"""The demo's report: a PNG chart of every replica's copy of a weight, step by step (converging
-under MEAN, drifting under NONE), and a self-contained HTML page around it.
+"""The demo's report: a PNG chart of every replica's copy of a weight, step by step (equal
+under MEAN, each on its own path under NONE), and a self-contained HTML page around it.
 
 matplotlib's object API (Figure + Agg canvas) draws without pyplot's global state or a display.
 """
@@ -105,12 +105,13 @@ written (copies stay equal, unless the aggregation is <code>NONE</code>);
 <th>cross-replica read</th></tr>
 {''.join(rows)}
 </table>
-<h2>2. Training: converging with MEAN, drifting with NONE</h2>
+<h2>2. Training: copies equal with MEAN, each on its own path with NONE</h2>
 <p>Each replica fits <code>y = 3x - 2</code> on its own region of x. With aggregation
 <code>MEAN</code> the updates are averaged when written and every copy of <code>w</code> takes
-the same step; with <code>NONE</code> each copy follows its own shard and they drift apart
+the same step; with <code>NONE</code> each copy follows its own shard, so they part at the
+first step and head for the line along their own paths
 (labdist warns with <code>ReplicaDivergenceWarning</code>; TensorFlow stays silent). The
-drifting copies' loss is lower only because each is measured on the shard it overfits: none of
+parted copies' loss is lower only because each is measured on the shard it overfits: none of
 them is the model of the whole data.</p>
 <img alt="every replica's copy of w per step, and the loss" src="data:image/png;base64,{image}">
 <table><tr><th>aggregation</th><th>final w per replica</th><th>spread</th><th>loss</th></tr>
