@@ -19,19 +19,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from distributed import Client
+from clusters import local_client
 
 import labdist as ld
-from labdist.cluster import start_local_cluster
 
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = start_local_cluster(4)
-    client = Client(cluster, direct_to_workers=True, set_as_default=False)
-    yield client
-    client.close()
-    cluster.close()
+    with local_client(4) as client:
+        yield client
 
 
 def digits():

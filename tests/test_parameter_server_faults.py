@@ -18,10 +18,9 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client
+from clusters import local_client
 
 import labdist as ld
-from labdist.cluster import start_local_cluster
 
 NEEDED = 3  # one parameter server and two workers
 SPARE = 5  # the tests kill five processes before the last one: it never waits for restarts
@@ -29,11 +28,8 @@ SPARE = 5  # the tests kill five processes before the last one: it never waits f
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = start_local_cluster(NEEDED + SPARE)
-    client = Client(cluster, direct_to_workers=True, set_as_default=False)
-    yield client
-    client.close()
-    cluster.close()
+    with local_client(NEEDED + SPARE) as client:
+        yield client
 
 
 @pytest.fixture

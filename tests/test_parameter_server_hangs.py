@@ -21,21 +21,17 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client
+from clusters import local_client
 
 import labdist as ld
-from labdist.cluster import start_local_cluster
 
 PS_TIMEOUT = 2.0
 
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = start_local_cluster(3)
-    client = Client(cluster, direct_to_workers=True, set_as_default=False)
-    yield client
-    client.close()
-    cluster.close()
+    with local_client(3) as client:
+        yield client
 
 
 def pid_of(client, address: str) -> int:
