@@ -83,8 +83,8 @@ class Checkpoint:
         no array is missing or extra; `meta/format` is this version and `meta/iterations` a
         count. Any failure raises `CheckpointError` naming the file, and the model is as it
         was. If an assignment still fails (a worker lost mid-restore), the variables already
-        assigned are put back to the values read before (see `_assign_all` for when that
-        cannot reach a replica)."""
+        assigned are put back to the values read before (see `restore.assign_all` for when
+        that cannot reach a replica)."""
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
@@ -94,19 +94,13 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file")
         variables = self._variables()
         headers = read_headers(path)
-        self._check_meta(path, headers)
-        self._check_arrays(path, headers, variables)
+        check_meta(path, headers, META)
+        check_arrays(path, headers, variables, ignore=META)
         stored = read_arrays(path, sorted(headers))
         iterations = self._check_meta_values(path, stored)
         before = self._read(variables)
-        self._assign_all(path, variables, stored, before)
+        assign_all(self.model._strategy, path, variables, stored, before)
         self.model._iterations = iterations
-
-    def _check_meta(self, path: Path, headers: dict) -> None:
-        check_meta(path, headers, META)
-
-    def _check_arrays(self, path: Path, headers: dict, variables: dict) -> None:
-        check_arrays(path, headers, variables, ignore=META)
 
     def _check_meta_values(self, path: Path, stored: dict) -> int:
         fmt, iterations = int(stored["meta/format"]), int(stored["meta/iterations"])
@@ -117,6 +111,3 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {str(path)!r}: meta/iterations is {iterations}; "
                                   "it must be >= 0")
         return iterations
-
-    def _assign_all(self, path: Path, variables: dict, stored: dict, before: dict) -> None:
-        assign_all(self.model._strategy, path, variables, stored, before)
