@@ -157,16 +157,25 @@ class TestAllReduce:
 
     @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
     def test_shared_memory_areas_are_removed_on_close(self):
-        def ours():
-            return {n for n in os.listdir("/dev/shm") if n.startswith("labdist-")}
-        before = ours()
+        """Every file of this strategy is gone when close returns. Files of other strategies
+        (another test session on this machine starting one) are not this one's: counting them
+        made this test fail under load, with two of their -control files."""
+        other = f"/dev/shm/labdist-{'0' * 16}-0-{os.getpid()}-{'1' * 16}-control"
         with ld.MirroredStrategy(num_replicas=2) as s:
+            def ours():
+                return {n for n in os.listdir("/dev/shm")
+                        if n.startswith(f"labdist-{s._group.group[:16]}-")}
             def step():
                 ctx = ld.get_replica_context()
                 return ctx.all_reduce("SUM", ctx.xp.ones(300_000))
             s.run(step)
-            assert len(ours() - before) >= 4  # a probe and an area per replica
-        assert ours() - before == set()
+            assert len(ours()) >= 4  # a probe and an area per replica
+            open(other, "x").close()  # another session's strategy, starting meanwhile
+        try:
+            assert ours() == set()
+            assert os.path.exists(other)
+        finally:
+            os.unlink(other)
 
     def test_different_shapes_raise_on_every_replica_and_cluster_stays_usable(self, strategy):
         xs = per_replica(strategy, lambda r: np.zeros(r + 1))

@@ -57,6 +57,8 @@ class ReplicaContext:
         self._seq = 0
         self._merge_handler = merge_handler
         self.warnings: list[tuple[str, type]] = []
+        if mode == "replica":  # the collectives' warnings (a full /dev/shm) join this step's
+            replica.comm.endpoint.warnings = self.warnings
 
     @property
     def replica_id_in_sync_group(self) -> int:

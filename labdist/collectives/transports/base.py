@@ -9,7 +9,7 @@ whose signatures the host transport already agreed on (`all_reduce`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ class Endpoint:
     worker: Any = None  # the Dask worker (None in one process)
     mailbox: Mailbox | None = None  # where peers' messages and news of peers arrive
     device: str = "numpy"  # the replica's backend name ("cupy" on a GPU)
+    # (message, category) for the driver, raised there when the step returns: the running
+    # step's list (the replica context hands it over), so a warning reaches the step it is about
+    warnings: list[tuple[str, type]] = field(default_factory=list)
 
     @property
     def world(self) -> int:

@@ -40,6 +40,29 @@ class DaskTransport:
             self._exchange(self.run, seq, phase, sig, payload, what, per_peer), loop)
         return future.result()
 
+    def send(self, run: int, seq: int, phase: int, sig: Any, payload: Any,
+             per_peer: bool) -> None:
+        """Only send this rank's message of one exchange (from a thread other than the event
+        loop's): another transport's path for a message it cannot carry."""
+        ep = self.endpoint
+        others = [r for r in range(ep.world) if r != ep.rank]
+
+        async def send_all():
+            shared = None if per_peer else to_serialize(payload)
+            await asyncio.gather(*(
+                self._send(r, run, seq, phase, sig,
+                           to_serialize(payload[r]) if per_peer else shared)
+                for r in others))
+        asyncio.run_coroutine_threadsafe(send_all(), ep.worker.loop.asyncio_loop).result()
+
+    def receive(self, run: int, seq: int, phase: int, src: int, what: str) -> tuple[Any, Any]:
+        """Wait for `src`'s message of one exchange (sent by `send` or an exchange)."""
+        ep = self.endpoint
+        future = asyncio.run_coroutine_threadsafe(
+            ep.mailbox.collect(run, seq, phase, [src], ep.timeout, what),
+            ep.worker.loop.asyncio_loop)
+        return future.result()[src]
+
     async def _exchange(self, run, seq, phase, sig, payload, what, per_peer):
         ep = self.endpoint
         others = [r for r in range(ep.world) if r != ep.rank]

@@ -4,6 +4,19 @@ that its peers map and read in place, and signals with a stamp in a small contro
 consulted while waiting, so a peer that took another path, failed, or never comes is reported
 as on Dask comms.
 
+A message that /dev/shm has no room for (its areas reserve their memory: shm_area.py) goes
+over Dask comms instead: its stamp says so (generation FALLBACK), and the peers take it from
+their mailbox. Each rank decides this for its own messages only, so no rank has to agree with
+another, and the next message that fits takes shared memory again. The step gets a warning
+naming /dev/shm and its size.
+
+A data area never shrinks within a step; every REVIEW_RUNS runs (steps), one larger than
+max(KEEP_BYTES, SHRINK_FACTOR x the largest area those runs needed) is dropped, and the next
+message makes one of the size it needs. A training loop's areas stay put (every step needs
+about the same); one outsized collective (a 1 GiB all-reduce) holds its memory for at most
+REVIEW_RUNS steps. Peers that mapped the dropped area let go of it when they read this
+replica's next message (it names the new area); the check is arithmetic, no system call.
+
 Message k goes to slot k % 2. Rank r writes a slot again only with message k + 2, after it
 read every peer's message k + 1, which a peer publishes only after it finished with r's
 message k: two slots are enough. Stamps (run << 24 | k) rely on aligned 8-byte stores being
@@ -13,9 +26,11 @@ seen in program order (x86-64's memory model).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import secrets
+import threading
 import time
 from typing import Any, ClassVar
 
@@ -23,11 +38,17 @@ import numpy as np
 
 from labdist.collectives.transports import shm_area as area
 from labdist.collectives.transports.base import HOST, Endpoint
+from labdist.collectives.transports.dask import DaskTransport
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 
 # A waiting replica yields (sleep(0)) this long before it backs off to short sleeps: peers in
 # step are usually microseconds apart, and a sleep of even 20 us costs more than it saves.
 SPIN_SECONDS = 2e-3
+REVIEW_RUNS = 16  # runs between reviews of the data area's size
+KEEP_BYTES = 16 << 20  # a data area this small is kept whatever the recent need
+SHRINK_FACTOR = 4  # larger than this many times the recent need: dropped at the review
+
+log = logging.getLogger(__name__)
 
 
 class ShmTransport:
@@ -49,21 +70,31 @@ class ShmTransport:
         self._control: area.Mapping | None = None
         self._words: list[np.ndarray] = []
         self._data: area.Mapping | None = None
+        self._retired: area.Mapping | None = None  # replaced, but a peer may still open it
         self._generation = 0
         self._peer_prefix: dict[int, str] = {}
         self._peer_words: dict[int, list[np.ndarray]] = {}
         self._peer_controls: list[area.Mapping] = []
         self._peer_data: dict[int, area.Mapping] = {}
+        self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
+        self._full = False  # the last message did not fit (warned once until one fits)
+        self._runs = self._peak = 0  # since the last review: runs, largest area needed
+        self._files = threading.Lock()  # making or removing our files vs close
+        self._closed = False
 
     def probe(self) -> tuple[str, str] | None:
         if not area.available():
             return None
         area.remove_orphans()
-        path = f"{self._prefix}-control"
-        self._control = area.Mapping(path, area.CONTROL_BYTES, create=True)
+        try:
+            self._control = area.create(self._prefix, "-control", area.CONTROL_BYTES)
+        except OSError as e:  # no room even for this, or names planted: not here
+            log.warning("labdist: no shared memory for replica %d: %s", self.endpoint.rank, e)
+            return None
+        self._prefix = self._control.path.removesuffix("-control")
         self._control.bytes[:16] = np.frombuffer(self.token.encode(), np.uint8)
         self._words = area.slot_words(self._control)
-        return path, self.token
+        return self._control.path, self.token
 
     def connect(self, probes: list[Any]) -> bool:
         """Map the peers' control files, if every one is readable here."""
@@ -79,6 +110,9 @@ class ShmTransport:
 
     def start_run(self, run: int) -> None:
         self.run, self.messages = run, 0
+        self._runs += 1
+        if self._runs >= REVIEW_RUNS:
+            self._review()
 
     # -- one exchange -------------------------------------------------------------------------
     def exchange(self, seq: int, phase: int, sig: Any, payload: Any, what: str,
@@ -88,17 +122,21 @@ class ShmTransport:
         run, rank, world = self.run, self.endpoint.rank, self.endpoint.world
         k, self.messages = self.messages, self.messages + 1  # the same count on every replica
         stamp = (run << 24) | k
+        if self._retired is not None:  # every peer has read our message before last
+            self._remove_retired()
         message = payload
         if per_peer:  # peers read only their part; don't publish our own
             message = [None if r == rank else p for r, p in enumerate(payload)]
-        self._publish(k % 2, stamp, (sig, message))
+        try:
+            self._publish(k % 2, stamp, (sig, message))
+        except area.NoSpace as e:
+            self._send_by_dask(k % 2, stamp, seq, phase, sig, payload, what, per_peer, e)
         got: list[tuple[Any, Any]] = []
         for r in range(world):
             if r == rank:
                 got.append((sig, payload[rank] if per_peer else payload))
-                continue
-            peer_sig, peer_payload = self._receive(r, k % 2, stamp, seq, phase, what)
-            got.append((peer_sig, peer_payload[rank] if per_peer else peer_payload))
+            else:
+                got.append(self._receive(r, k % 2, stamp, seq, phase, what, per_peer))
         return got
 
     def _publish(self, slot: int, stamp: int, message: Any) -> None:
@@ -107,27 +145,57 @@ class ShmTransport:
         raws = [b.raw() for b in buffers]
         meta = pickle.dumps((inner, [r.nbytes for r in raws]), protocol=5)
         offsets, end = area.layout([r.nbytes for r in raws] + [len(meta)])
-        self._ensure(2 * end)
-        base = slot * (self._data.size // 2)
-        data = self._data.bytes
+        if 2 * end > self._peak:
+            self._peak = 2 * end
+        if self._data is None or self._data.size < 2 * end:
+            self._grow(2 * end)  # NoSpace before anything is written
+        self._full = False
+        data = self._data
+        base = slot * (data.size // 2)
         for raw, off in zip(raws, offsets, strict=False):
-            data[base + off:base + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
+            data.bytes[base + off:base + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
         meta_off = base + offsets[-1]
-        data[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
+        data.bytes[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
         words = self._words[slot]
-        words[1:] = (self._generation, self._data.size, meta_off, len(meta))
+        words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta))
         words[0] = stamp  # last: peers may read everything above once they see it
 
-    def _receive(self, r: int, slot: int, stamp: int, seq: int, phase: int, what: str):
+    def _send_by_dask(self, slot, stamp, seq, phase, sig, payload, what, per_peer, error):
+        """Send this message over Dask comms: the stamp first, so that a peer that finds it in
+        its mailbox also finds the stamp that says it is on its way (see _wait)."""
+        words = self._words[slot]
+        words[1] = area.FALLBACK
+        words[0] = stamp
+        if not self._full:
+            self._full = True
+            self._warn(seq, what, error)
+        self._dask.send(self.run, seq, phase, sig, payload, per_peer)
+
+    def _warn(self, seq: int, what: str, error: OSError) -> None:
+        message = (
+            f"replica {self.endpoint.rank}: {error.strerror} for a message of collective "
+            f"#{seq} ({what}); it went over Dask comms instead, which is slower. Give "
+            f"{area.SHM_DIR} more room (e.g. docker run --shm-size=1g), or pass "
+            "transport='tcp' to use Dask comms throughout")
+        log.warning("labdist: %s", message)
+        self.endpoint.warnings.append((message, RuntimeWarning))
+
+    def _receive(self, r: int, slot: int, stamp: int, seq: int, phase: int, what: str,
+                 per_peer: bool) -> tuple[Any, Any]:
+        """Peer r's message to this rank: read in place from its area, or from the mailbox
+        where it came over Dask comms."""
         words = self._peer_words[r][slot]
         self._wait(r, words, stamp, seq, phase, what)
-        generation, size, meta_off, meta_len = (int(w) for w in words[1:])
-        path = f"{self._peer_prefix[r]}-data{generation}"
+        generation, nonce, size, meta_off, meta_len = (int(w) for w in words[1:])
+        if generation == area.FALLBACK:
+            return self._dask.receive(self.run, seq, phase, r, what)  # addressed to us
         data = self._peer_data.get(r)
-        if data is None or data.path != path:
+        if data is None or data.nonce != nonce:
             if data is not None:
                 data.close()
+            path = area.name(self._peer_prefix[r], nonce, f"-data{generation}")
             data = self._peer_data[r] = area.Mapping(path, size, create=False)
+            data.nonce = nonce
         inner, sizes = pickle.loads(bytes(data.bytes[meta_off:meta_off + meta_len]))
         base = slot * (size // 2)
         offsets, _ = area.layout(sizes)
@@ -136,7 +204,8 @@ class ShmTransport:
             view = data.bytes[base + off:base + off + n].view()
             view.flags.writeable = False
             views.append(memoryview(view))
-        return pickle.loads(inner, buffers=views)
+        sig, payload = pickle.loads(inner, buffers=views)
+        return sig, payload[self.endpoint.rank] if per_peer else payload
 
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
         """Poll the peer's stamp; meanwhile watch the mailbox for news of that peer."""
@@ -148,44 +217,85 @@ class ShmTransport:
         pause, polls = 0.0, 0
         while words[0] < stamp:
             polls += 1
-            if polls % 16 == 0:
+            if polls % 16 == 0 and mailbox is not None:
                 if (self.run, seq, phase, r) in mailbox._messages:
+                    if words[0] >= stamp:  # sent over Dask comms: its stamp came first
+                        return
                     raise CollectiveMismatchError(
                         f"replicas took different paths at collective #{seq}: this replica is "
                         f"in {what}, but replica {r} made another kind of collective. Every "
                         "replica must make the same collective calls in the same order.")
                 mailbox._raise_if_gone(self.run, seq, r, what)
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(
-                        f"collective #{seq} ({what}) waited {timeout:g} s for replica(s) "
-                        f"[{r}]; it never reached it. Raise collective_timeout= on the strategy "
-                        "if a step is legitimately this slow.")
+            if polls % 16 == 0 and time.monotonic() > deadline:
+                raise CollectiveTimeoutError(
+                    f"collective #{seq} ({what}) waited {timeout:g} s for replica(s) "
+                    f"[{r}]; it never reached it. Raise collective_timeout= on the strategy "
+                    "if a step is legitimately this slow.")
             time.sleep(pause)
             if pause or time.monotonic() > spin_until:  # then back off, up to 0.25 ms
                 pause = min(2.5e-4, pause * 2 if pause else 2e-5)
 
     # -- files --------------------------------------------------------------------------------
-    def _ensure(self, nbytes: int) -> None:
-        if self._data is None or self._data.size < nbytes:
-            size = max(-(-nbytes // (2 * area.ALIGN)) * 2 * area.ALIGN,
-                       2 * self._data.size if self._data else 0, 1 << 20)
+    def _grow(self, nbytes: int) -> None:
+        """A data area of at least `nbytes` (twice the old one, if that fits), replacing ours;
+        NoSpace if /dev/shm has no room, our old area untouched."""
+        unit = 2 * area.ALIGN
+        need = max(-(-nbytes // unit) * unit, 1 << 20)
+        with self._files:
+            if self._closed:
+                raise RuntimeError("the shared-memory transport of this replica was closed")
+            old = self._data
+            suffix = f"-data{self._generation + 1}"
+            try:
+                new = area.create(self._prefix, suffix, max(need, 2 * old.size if old else 0))
+            except area.NoSpace:
+                if old is None or 2 * old.size <= need:
+                    raise
+                new = area.create(self._prefix, suffix, need)  # only what this one needs
             self._generation += 1
-            new = area.Mapping(f"{self._prefix}-data{self._generation}", size, create=True)
-            if self._data is not None:
-                os.unlink(self._data.path)  # peers that mapped it keep their mapping
-                self._data.close()
             self._data = new
+            if old is not None:  # our last message is there, and a peer may not have opened
+                self._retire(old)  # it yet: removed at our next message, once all read it
+
+    def _review(self) -> None:
+        """Drop a data area much larger than the last REVIEW_RUNS runs needed."""
+        data = self._data
+        if data is not None and data.size > max(KEEP_BYTES, SHRINK_FACTOR * self._peak):
+            with self._files:
+                if self._data is data:
+                    self._data = None
+                    self._retire(data)
+        self._runs = self._peak = 0
+
+    def _retire(self, mapping: area.Mapping) -> None:
+        if self._retired is not None:
+            self._remove(self._retired)
+        self._retired = mapping
+
+    def _remove_retired(self) -> None:
+        with self._files:
+            if self._retired is not None:
+                self._remove(self._retired)
+                self._retired = None
+
+    @staticmethod
+    def _remove(mapping: area.Mapping) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(mapping.path)  # peers that mapped it keep their mapping
+        mapping.close()
 
     def close(self) -> None:
-        """Unmap the peers' files; remove ours (peers that mapped them keep their mappings)."""
+        """Remove our files (before this returns: peers that mapped them keep their mappings)
+        and unmap the peers'."""
+        with self._files:
+            self._closed = True
+            ours = [m for m in (self._control, self._data, self._retired) if m is not None]
+            self._control = self._data = self._retired = None
+        self._words = []
+        self._peer_words.clear()
+        for m in ours:
+            self._remove(m)
         for m in [*self._peer_data.values(), *self._peer_controls]:
             m.close()
         self._peer_data.clear()
         self._peer_controls.clear()
-        self._peer_words.clear()
-        for m in (self._control, self._data):
-            if m is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(m.path)
-                m.close()
-        self._control = self._data = None

@@ -1,49 +1,121 @@
-"""The files behind the shared-memory transport: memory-mapped areas under /dev/shm, named
-labdist-<group>-<rank>-<pid>-*, and their layout. Areas of dead processes are removed when a
-new one is made, so killed workers do not fill /dev/shm.
+"""The files behind the shared-memory transport: memory-mapped areas under /dev/shm and their
+layout. Names are labdist-<group>-<rank>-<pid>-<random>-control for a replica's control file
+and ...-data<generation>-<random> for its data files: the random parts make them unguessable
+(a file planted under the next name would otherwise fail a run), and a name that exists all
+the same is retried with another. Areas of dead processes are removed when a new one is made,
+so killed workers do not fill /dev/shm.
 
 A replica's control file (never resized) holds, per slot, the stamp, the data file's
-generation, and where the message lies; its data file (grown on demand) holds two slots.
+generation and random part, and where the message lies; its data file (grown on demand,
+dropped when outsized) holds two slots.
+
+Every area reserves its memory when it is made (`posix_fallocate`): a file that is only
+truncated to size reserves nothing, and touching a page that /dev/shm has no room for kills
+the process with SIGBUS. Reserving turns that into `NoSpace`, raised before anything is
+written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import secrets
 
 import numpy as np
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64
 CONTROL_BYTES = 4096
-# control words per slot: stamp, generation, data size, meta offset, meta length
-WORDS = 5
+# control words per slot: stamp, generation, random part of the data file's name, data size,
+# meta offset, meta length. Generation FALLBACK: the message went over Dask comms instead.
+WORDS = 6
+FALLBACK = -1
+TRIES = 8  # names tried before a planted file under each of them is reported as an error
+
+
+class NoSpace(OSError):
+    """/dev/shm has no room for an area: its message must take another path."""
 
 
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
+def nonce() -> int:
+    """The random part of a file name (63 bits: it travels in a control word)."""
+    return secrets.randbits(63)
+
+
+def space() -> str:
+    """How big /dev/shm is and how much of it is free, for messages."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return f"{SHM_DIR} (size unknown)"
+    mib = 2**20
+    return (f"{SHM_DIR} ({st.f_blocks * st.f_frsize / mib:.0f} MiB, "
+            f"{st.f_bavail * st.f_frsize / mib:.0f} MiB free)")
+
+
 class Mapping:
-    """One file, mapped read-write."""
+    """One file, mapped read-write. Made with `create`, its memory is reserved (else NoSpace,
+    and no file is left behind)."""
 
     def __init__(self, path: str, size: int, create: bool):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, size)
+                _reserve(fd, path, size)
             self.mm = mmap.mmap(fd, size)
+        except BaseException:
+            if create:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
         finally:
             os.close(fd)
-        self.path, self.size = path, size
+        self.path, self.size, self.nonce = path, size, 0
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
 
     def close(self) -> None:
         self.bytes = None
         with contextlib.suppress(BufferError):  # a view still alive: freed with the process
             self.mm.close()
+
+
+def _reserve(fd: int, path: str, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            raise NoSpace(e.errno, f"no room for {size / 2**20:.1f} MiB in {space()}",
+                          path) from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # a file system that cannot reserve: sized as before
+
+
+def create(prefix: str, suffix: str, size: int) -> Mapping:
+    """A new area named `prefix` + random + `suffix`, retried under another name while one
+    exists (someone planted it)."""
+    for _ in range(TRIES):
+        n = nonce()
+        try:
+            mapping = Mapping(name(prefix, n, suffix), size, create=True)
+        except FileExistsError:
+            continue
+        mapping.nonce = n
+        return mapping
+    raise FileExistsError(
+        f"{TRIES} random names under {prefix}* already existed in {SHM_DIR}: another process "
+        "is creating files there under labdist's names. Remove them, or pass transport='tcp'")
+
+
+def name(prefix: str, n: int, suffix: str) -> str:
+    return f"{prefix}-{n:016x}{suffix}"
 
 
 def remove_orphans() -> None:
