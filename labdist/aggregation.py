@@ -87,6 +87,21 @@ class Aggregation:
         return [self.combine(arrays, out=np.empty_like(arrays[0]))]
 
 
+def check_numeric(value: Any, dtype: Any, what: str) -> None:
+    """Only numbers combine across replicas: numpy would happily "sum" strings (concatenate
+    them) or booleans (a logical or), which no replica asked for. TensorFlow refuses both."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iufc":
+        return
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise TypeError(
+        f"{what}: {shown} of type {type(value).__name__} (dtype {dtype}) cannot be combined "
+        "across replicas; allowed: numbers and numeric arrays (int, uint, float, complex). "
+        "Cast booleans first (x.astype('int32')); return other objects from the step "
+        "instead (strategy.run gives one per replica)")
+
+
 def _weighted_mean(arrays: list[np.ndarray], weights: list[float], dtype: np.dtype
                    ) -> np.ndarray:
     """sum(w * a) / sum(w), accumulated in (at least) float64 in key order, stored as `dtype`."""

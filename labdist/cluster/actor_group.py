@@ -11,6 +11,7 @@ from distributed import Client, Future
 
 from labdist.cluster.dashboard import proxied_link, show_replica_steps
 from labdist.cluster.local import connect, start_local_cluster
+from labdist.errors import ClusterConnectionError
 
 
 class ActorGroup:
@@ -60,6 +61,21 @@ class ActorGroup:
         if self._owned_cluster is None:
             return None
         return proxied_link(self.client.dashboard_link)
+
+    def scheduler_lost(self) -> bool:
+        """The client lost its scheduler (killed, or unreachable): it is reconnecting, or gave
+        up and closed. Its workers close without it, and their actors with them."""
+        return self.client is not None and self.client.status not in ("running",
+                                                                      "newly-created")
+
+    def scheduler_error(self) -> ClusterConnectionError:
+        client = self.client
+        address = getattr(getattr(client, "scheduler", None), "address", None)
+        return ClusterConnectionError(
+            f"lost the Dask scheduler at {address!r} (the client is {client.status}): "
+            "without it the workers close, and the replicas' variable copies with them. Close "
+            "this strategy and start a new one once the scheduler is back (restore from a "
+            "checkpoint)")
 
     def present_workers(self) -> list[str]:
         return sorted(self.client.scheduler_info(n_workers=-1)["workers"])

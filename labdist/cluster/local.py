@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import dask
-from distributed import Client
+from distributed import Client, Security
 
 from labdist.backend import gpu_count
 from labdist.errors import ClusterConnectionError
@@ -42,6 +42,7 @@ def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client,
         return cluster, False
     if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
         where = cluster if isinstance(cluster, str) else cluster.scheduler_address
+        _check_tls(where, security)
         try:
             client = Client(cluster, timeout=timeout, security=security,
                             direct_to_workers=True, set_as_default=False)
@@ -57,3 +58,20 @@ def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client,
         "scheduler address like 'tcp://127.0.0.1:8786', a distributed.Client, or a Dask "
         "cluster object"
     )
+
+
+def _check_tls(address: Any, security: Any) -> None:
+    """A tls:// address needs TLS credentials; without them distributed raises a bare TypeError
+    (and leaves a Client that times out in its finalizer)."""
+    if not (isinstance(address, str) and address.startswith("tls://")):
+        return
+    if security is None:
+        security = Security()  # what Dask's config (distributed.comm.tls.*) gives
+    if not isinstance(security, Security):
+        return  # e.g. security=True: Dask makes temporary credentials
+    if security.get_connection_args("client").get("ssl_context") is None:
+        raise ClusterConnectionError(
+            f"cluster={address!r} is a TLS address, but no TLS credentials were given: pass "
+            "security=distributed.Security(tls_ca_file=..., tls_client_cert=..., "
+            "tls_client_key=..., require_encryption=True), the one the scheduler was started "
+            "with (or set distributed.comm.tls.* in Dask's config)")

@@ -15,7 +15,7 @@ from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
-from labdist.errors import ReplicaLostError
+from labdist.errors import LabdistError, ReplicaLostError
 from labdist.worker import actor_call as remote
 from labdist.worker.replica import Replica, StepEvent
 
@@ -133,13 +133,17 @@ class DaskReplicaGroup(ActorGroup):
 
     # -- calls ------------------------------------------------------------------------------------
     def _sync(self, fn, *args):
+        if self.scheduler_lost():
+            raise self.scheduler_error()
         return self.client.sync(fn, *args)
 
     def lost(self, rank: int) -> bool:
         """The scheduler told the client this replica's worker (and so its actor) is gone."""
         return self.gone(self._futures[rank])
 
-    def lost_error(self, rank: int, detail: str) -> ReplicaLostError:
+    def lost_error(self, rank: int, detail: str) -> LabdistError:
+        if self.scheduler_lost():  # the scheduler, not the worker, is what left
+            return self.scheduler_error()
         return ReplicaLostError(
             f"{self.where(rank)} was lost ({detail}), and its variable copies with it. Close "
             "this strategy and start a new one (restore from a checkpoint)")
@@ -171,15 +175,25 @@ class DaskReplicaGroup(ActorGroup):
         return [got[r] for r in want]
 
     def start(self, run_id, fn, args_r, kwargs_r):
+        if self.scheduler_lost():
+            raise self.scheduler_error()
         fn_bytes = shipping.dumps(fn)
         n = len(self.workers)
         args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
-        return self.steps.exchange(run_id, "run", args, list(range(n)))
+        return self._checked(self.steps.exchange(run_id, "run", args, list(range(n))))
 
     def resume(self, run_id, values, errors, ranks=None) -> list[StepEvent]:
         ranks = list(range(len(self.workers))) if ranks is None else ranks
         args = [(values[r], errors[r] if errors else None) for r in ranks]
-        return self.steps.exchange(run_id, "resume", args, ranks)
+        return self._checked(self.steps.exchange(run_id, "resume", args, ranks))
+
+    def _checked(self, events: list[StepEvent]) -> list[StepEvent]:
+        """Failures because the scheduler went away (workers closing under a step: "Event loop
+        is closed", lanes dropping) are that, not the replicas' own errors."""
+        if any(e.kind == "error" for e in events) and self.scheduler_lost():
+            first = next(e.error for e in events if e.kind == "error")
+            raise self.scheduler_error() from first
+        return events
 
     def update(self, fn, args_r, kwargs_r):
         fn_bytes = shipping.dumps(fn)

@@ -17,6 +17,8 @@ def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) ->
     promoting dtypes as they meet (components need not share one)."""
     agg = aggregation.of(op)
     arrays = [np.asarray(c) for c in components]
+    for r, (c, a) in enumerate(zip(components, arrays, strict=True)):
+        aggregation.check_numeric(c, a.dtype, f"strategy.reduce({op.name}), replica {r}'s value")
     if axis is None:
         shapes = [a.shape for a in arrays]
         if any(s != shapes[0] for s in shapes):
@@ -29,7 +31,9 @@ def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) ->
         return agg.finish(total, len(arrays))
     for r, a in enumerate(arrays):
         _check_axis(axis, a, f"replica {r}'s value")
-    total = _fold_components(agg, [agg.fold.reduce(a, axis=axis) for a in arrays])
+    # dtype=: numpy's add.reduce widens small integers (int32 -> int64); TensorFlow keeps them
+    total = _fold_components(agg, [agg.fold.reduce(a, axis=axis, dtype=a.dtype)
+                                    for a in arrays])
     # MEAN: over every element of every replica along `axis`
     return agg.finish(total, sum(a.shape[axis] for a in arrays))
 
@@ -37,6 +41,8 @@ def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) ->
 def reduce_constant(op: ReduceOp, value: Any, axis: int | None, num_replicas: int) -> Any:
     """A non-distributed value: the same on every replica."""
     agg = aggregation.of(op)
+    a = np.asarray(value)
+    aggregation.check_numeric(value, a.dtype, f"strategy.reduce({op.name})")
     if axis is None:
         if agg.divides or num_replicas == 1:
             return value
@@ -45,11 +51,10 @@ def reduce_constant(op: ReduceOp, value: Any, axis: int | None, num_replicas: in
             f"value, so its sum over {num_replicas} replicas is ambiguous; pass a PerReplica "
             "(e.g. the result of strategy.run) or use ReduceOp.MEAN"
         )
-    a = np.asarray(value)
     _check_axis(axis, a, "value")
     if agg.divides:
         return a.mean(axis=axis)
-    return agg.fold.reduce(a, axis=axis) * num_replicas
+    return agg.fold.reduce(a, axis=axis, dtype=a.dtype) * num_replicas
 
 
 def reduce_value(op: ReduceOp, value: Any, axis: int | None, num_replicas: int) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import aggregation, nest
 from labdist.collectives import all_gather, all_reduce
 from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
 from labdist.enums import ReduceOp, VariableAggregation
@@ -80,6 +80,8 @@ class ReplicaContext:
         backend = self._replica.backend
         arrays = [self._as_array(v) for v in leaves]
         what = f"all_reduce({op.name}) of {nest.describe(treedef)}"
+        for i, (leaf, array) in enumerate(zip(leaves, arrays, strict=True)):
+            aggregation.check_numeric(leaf, array.dtype, f"{what}, leaf {i}")
         reduced = all_reduce(self._replica.comm, self.next_seq(), what, arrays, op, backend)
         return nest.unflatten(treedef, reduced)
 
