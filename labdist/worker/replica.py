@@ -288,8 +288,17 @@ class Replica:
         worker = get_worker()
         if parse_address(worker.address)[0] != "tcp":
             return None
-        self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
+        self.lane_close()  # one lane at a time
+        try:
+            self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
+        except OSError:  # cannot listen here: the driver uses actor calls
+            return None
         return self._lane.address, self._lane.token
+
+    def lane_close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
@@ -333,9 +342,7 @@ class Replica:
         self._reporter.close()
         await self.transport_use([])
         self.core.comm.close()
-        if self._lane is not None:
-            self._lane.close()
-            self._lane = None
+        self.lane_close()
         self.core.stop()
         from distributed import get_worker
 
