@@ -8,22 +8,35 @@ import contextlib
 import pickle
 import selectors
 import socket
+import time
 from typing import Any
 
 from labdist.cluster.step_channel import Replicas, StepChannel
 from labdist.worker.actor_call import unsendable
-from labdist.worker.lane import dumps, recv_message, send_message
+from labdist.worker.lane import GOODBYE, READY, dumps, recv_message, send_message
 from labdist.worker.replica import StepEvent
 
 
 class LaneClient:
-    """The driver's end of one replica's lane (used by one thread at a time)."""
+    """The driver's end of one replica's lane (used by one thread at a time). Connecting and
+    the handshake (the token, then the replica's READY) take at most `timeout`; then the socket
+    is non-blocking, and a message that started must go on within the lane's IO timeout."""
 
     def __init__(self, address: tuple[str, int], token: str, timeout: float):
-        self.sock = socket.create_connection(tuple(address), timeout=timeout)
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_message(self.sock, token.encode())
+        self.address = tuple(address)
+        deadline = time.monotonic() + timeout
+        self.sock = socket.create_connection(self.address, timeout=timeout)
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            send_message(self.sock, token.encode())
+            if recv_message(self.sock, limit=len(READY)) != READY:
+                raise ConnectionRefusedError(f"the replica's lane at {self.address} refused "
+                                             "the token")
+            self.sock.setblocking(False)
+        except BaseException:
+            self.sock.close()
+            raise
 
     def send(self, payload: bytes) -> None:
         send_message(self.sock, payload)
@@ -35,6 +48,9 @@ class LaneClient:
         return pickle.loads(body)
 
     def close(self) -> None:
+        """Say goodbye (the replica stays: only a vanished driver sends none), then close."""
+        with contextlib.suppress(OSError):
+            send_message(self.sock, GOODBYE, timeout=0)  # never waits
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -42,13 +58,14 @@ class LaneClient:
 def connect_lanes(ends: list[tuple[tuple[str, int], str] | None],
                   timeout: float) -> list[LaneClient] | None:
     """A lane to each replica from what its `Replica.lane_open` returned; None when any
-    replica has none (Dask's comms use TLS) or cannot be reached."""
+    replica has none (Dask's comms use TLS) or not every one is reached within `timeout`."""
     if None in ends:
         return None
+    deadline = time.monotonic() + timeout
     lanes: list[LaneClient] = []
     try:
         for address, token in ends:
-            lanes.append(LaneClient(address, token, timeout))
+            lanes.append(LaneClient(address, token, max(deadline - time.monotonic(), 1e-3)))
     except OSError:
         for lane in lanes:
             lane.close()

@@ -92,10 +92,15 @@ class DaskReplicaGroup(ActorGroup):
         """Steps over the fast lane (cluster/lane.py), unless told to use Dask comms only or
         the cluster uses TLS; any failure to connect falls back to actor calls."""
         if transport != "tcp":
-            ends = self._sync(self._all, "lane_open", [()] * len(self.workers))
-            lanes = connect_lanes(ends, timeout)
+            n = len(self.workers)
+            try:
+                lanes = connect_lanes(self._sync(self._all, "lane_open", [()] * n), timeout)
+            except Exception:  # e.g. an address family this host cannot bind: not fatal
+                lanes = None
             if lanes is not None:
                 return LaneStepChannel(self, lanes)
+            with contextlib.suppress(Exception):  # the replicas' unused ends
+                self._sync(self._all, "lane_close", [()] * n)
         return ActorStepChannel(self)
 
     def lost_replicas(self) -> list[int]:

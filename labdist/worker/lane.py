@@ -3,11 +3,16 @@ step requests and events, served by a thread of the Replica actor: `LaneServer` 
 framing both ends use; the driver's end is in cluster/lane.py.
 
 A Dask actor call costs the driver a hop into the client's event loop and the worker a hop
-through its own, for each replica. The lane is a blocking socket from the thread that calls
+through its own, for each replica. The lane is a socket from the thread that calls
 `strategy.run` straight to a replica thread. It is opened only where Dask's own comms are
 plain TCP (never next to TLS), and a random token must open every connection, so it adds
 nothing to what a peer of that cluster could already do. Everything else (variables,
 placement, peer notices) still goes through the actor.
+
+Anyone on the host can connect to the lane's port, so before a connection has shown the token
+it gets a few bytes and a few seconds, and never holds up another: one thread multiplexes the
+listener, the connections still to authenticate and the driver's. Sockets are non-blocking;
+once a message has started, each part of it must come within IO_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -16,49 +21,90 @@ import contextlib
 import hmac
 import pickle
 import secrets
+import select
+import selectors
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
 _HEADER = struct.Struct("!Q")
+TOKEN_MAX_BYTES = 64  # before authentication a longer message closes the connection
+HANDSHAKE_TIMEOUT_S = 5.0  # an unauthenticated connection has this long to show the token
+HANDSHAKES_MAX = 32  # connections authenticating at once; a new one closes the oldest
+IO_TIMEOUT_S = 60.0  # once a message has started, each part of it must come within this
+READY = b"ready"  # the replica's answer to the right token
+GOODBYE = b""  # the driver closes the lane on purpose (a vanished driver sends none)
 
 
-def send_message(sock: socket.socket, payload: bytes) -> None:
+def family_of(host: str) -> socket.AddressFamily:
+    """IPv4 or IPv6, as `host` (a worker's address: 127.0.0.1, ::1, a name) resolves."""
+    return socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+
+
+def send_message(sock: socket.socket, payload: bytes, timeout: float | None = None) -> None:
     header = _HEADER.pack(len(payload))
     if len(payload) < 65536:  # one write: no Nagle-style stall between header and body
-        sock.sendall(header + payload)
+        _send_all(sock, header + payload, timeout)
     else:
-        sock.sendall(header)
-        sock.sendall(payload)
+        _send_all(sock, header, timeout)
+        _send_all(sock, payload, timeout)
 
 
-def recv_message(sock: socket.socket) -> bytes | None:
-    """One whole message, or None when the other side closed the connection."""
-    header = _recv_exactly(sock, _HEADER.size)
+def recv_message(sock: socket.socket, limit: int | None = None,
+                 timeout: float | None = None) -> bytes | None:
+    """One whole message, or None when the other side closed the connection. Over `limit`
+    bytes is refused before anything is allocated for it."""
+    header = _recv_exactly(sock, _HEADER.size, timeout)
     if header is None:
         return None
     (n,) = _HEADER.unpack(header)
-    body = _recv_exactly(sock, n)
+    if limit is not None and n > limit:
+        raise ConnectionError(f"a message of {n} bytes came where at most {limit} may")
+    body = _recv_exactly(sock, n, timeout) if n else b""
     if body is None:
         raise ConnectionError("the connection closed in the middle of a message")
     return body
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+def _send_all(sock: socket.socket, data: bytes, timeout: float | None) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:  # a non-blocking socket whose buffer is full
+            _wait(sock, select.POLLOUT, timeout)
+
+
+def _recv_exactly(sock: socket.socket, n: int, timeout: float | None) -> bytes | None:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except BlockingIOError:  # nothing yet on a non-blocking socket
+            _wait(sock, select.POLLIN, timeout)
+            continue
         if k == 0:
             if got == 0:
                 return None
             raise ConnectionError("the connection closed in the middle of a message")
         got += k
     return bytes(buf)
+
+
+def _wait(sock: socket.socket, events: int, timeout: float | None) -> None:
+    """Only on the slow path: the usual message is there when the caller asks."""
+    timeout = IO_TIMEOUT_S if timeout is None else timeout
+    poller = select.poll()
+    poller.register(sock, events)
+    if not poller.poll(timeout * 1000):
+        raise TimeoutError(f"the lane's peer stalled {timeout:g} s in the middle of a message")
 
 
 def dumps(obj: Any) -> bytes:
@@ -69,42 +115,119 @@ def dumps(obj: Any) -> bytes:
 
 
 class LaneServer:
-    """Runs in the Replica actor: accepts the driver, answers each request (bytes) with what
-    `handle` returns for it; `handle` must not raise."""
+    """Runs in the Replica actor: accepts the driver (the first connection to show the token),
+    answers each request (bytes) with what `handle` returns for it; `handle` must not raise.
+    When the driver's connection ends without a goodbye, `on_drop` is called (the lane's
+    thread): the driver vanished. The lane serves one driver, once."""
 
-    def __init__(self, host: str, handle):
-        self._handle = handle
-        self._listener = socket.create_server((host, 0))
+    def __init__(self, host: str, handle: Callable[[bytes], Any],
+                 on_drop: Callable[[], None] | None = None):
+        self._handle, self._on_drop = handle, on_drop
+        self._listener = socket.create_server((host, 0), family=family_of(host))
+        self._listener.setblocking(False)
         self.address = (host, self._listener.getsockname()[1])
         self.token = secrets.token_hex(16)
+        self._wake_r, self._wake_w = socket.socketpair()
         self._closed = False
-        threading.Thread(target=self._serve, daemon=True, name="labdist-lane").start()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="labdist-lane")
+        self._thread.start()
+
+    @property
+    def serving(self) -> bool:
+        return self._thread.is_alive()
 
     def _serve(self) -> None:
-        while not self._closed:
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ, "accept")
+        selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        pending: dict[socket.socket, tuple[float, bytearray]] = {}  # deadline, bytes so far
+        driver: socket.socket | None = None
+        try:
+            while not self._closed:
+                now = time.monotonic()
+                for conn in [c for c, (deadline, _) in pending.items() if deadline <= now]:
+                    _drop(selector, pending, conn)  # too slow to show the token
+                timeout = min((d for d, _ in pending.values()), default=now + 3600) - now
+                for key, _ in selector.select(max(timeout, 0)):
+                    if key.data == "accept":
+                        self._accept(selector, pending)
+                    elif key.data == "handshake" and key.fileobj in pending:
+                        if self._handshake(selector, pending, key.fileobj) and driver is None:
+                            driver = key.fileobj
+                            selector.register(driver, selectors.EVENT_READ, "driver")
+                        elif key.fileobj not in pending:
+                            key.fileobj.close()  # refused, or a second driver
+                    elif key.data == "driver" and not self._answer(driver):
+                        return
+        finally:
+            for conn in [*pending, driver, self._listener, self._wake_r, self._wake_w]:
+                if conn is not None:
+                    conn.close()
+            selector.close()
+
+    def _accept(self, selector, pending) -> None:
+        for _ in range(HANDSHAKES_MAX):
             try:
                 conn, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            with conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                token = recv_message(conn)
-                if token is None or not hmac.compare_digest(token, self.token.encode()):
-                    continue
-                self._answer(conn)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of file descriptors: try again on the next wake
+                return
+            conn.setblocking(False)
+            if len(pending) >= HANDSHAKES_MAX:
+                _drop(selector, pending, next(iter(pending)))  # the oldest
+            pending[conn] = (time.monotonic() + HANDSHAKE_TIMEOUT_S, bytearray())
+            selector.register(conn, selectors.EVENT_READ, "handshake")
 
-    def _answer(self, conn: socket.socket) -> None:
-        while True:
-            try:
-                request = recv_message(conn)
-            except OSError:
-                return
-            if request is None:
-                return
-            send_message(conn, dumps(self._handle(request)))
+    def _handshake(self, selector, pending, conn: socket.socket) -> bool:
+        """Read what came of the token; True once it is complete and right (then `conn` is
+        out of `pending`, told READY); a wrong or oversized one takes it out of `pending`."""
+        _, got = pending[conn]
+        try:
+            chunk = conn.recv(_HEADER.size + TOKEN_MAX_BYTES - len(got))
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            chunk = b""
+        got += chunk
+        size = _HEADER.unpack_from(got)[0] if len(got) >= _HEADER.size else 0
+        if chunk and len(got) < _HEADER.size + size and size <= TOKEN_MAX_BYTES:
+            return False  # more to come
+        selector.unregister(conn)
+        del pending[conn]
+        token = bytes(got[_HEADER.size:])
+        if not chunk or len(token) != size or not hmac.compare_digest(token, self.token.encode()):
+            return False
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            send_message(conn, READY, timeout=HANDSHAKE_TIMEOUT_S)
+        except OSError:
+            return False
+        return True
+
+    def _answer(self, conn: socket.socket) -> bool:
+        """Answer one request of the driver; False when its connection ended."""
+        try:
+            request = recv_message(conn)
+            if request is None or request == GOODBYE:
+                dropped = request is None
+            else:
+                send_message(conn, dumps(self._handle(request)))
+                return True
+        except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
+            dropped = True
+        if dropped and not self._closed and self._on_drop is not None:
+            self._on_drop()
+        return False
 
     def close(self) -> None:
+        """Stop serving (the lane's thread closes its sockets: it may be mid-answer)."""
         self._closed = True
         with contextlib.suppress(OSError):
-            self._listener.close()
+            self._wake_w.send(b"x")
 
+
+def _drop(selector, pending, conn: socket.socket) -> None:
+    selector.unregister(conn)
+    del pending[conn]
+    conn.close()

@@ -24,10 +24,11 @@ import numpy as np
 
 from labdist import nest
 from labdist.backend import Backend, get_backend
-from labdist.errors import PeerAbortedError
+from labdist.errors import PeerAbortedError, ReplicaLostError
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
+from labdist.worker.lifetime import DriverWatch, logger
 from labdist.worker.step_report import StepLog, StepReporter
 
 
@@ -141,6 +142,15 @@ class ReplicaCore:
     def stop(self) -> None:
         self._jobs.put(None)
 
+    def abandon(self, error: BaseException, timeout: float) -> bool:
+        """The driver is gone: a step waiting in (or yet to reach) merge_call fails with
+        `error`, the thread ends. Whether it ended within `timeout` (a step still computing
+        or in a collective may take up to its collective timeout)."""
+        self._resume.put((None, error))
+        self.stop()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def _step_loop(self) -> None:
         while True:
             job = self._jobs.get()
@@ -215,6 +225,8 @@ class Replica:
         self._lane: LaneServer | None = None  # the driver's fast lane, once opened
         self._reporter = StepReporter(worker, self.core.steps, group, rank,
                                       self.core.thread_id)
+        self._worker, self._timeout, self._closed = worker, timeout, False
+        self._watch = DriverWatch(worker, worker.get_current_task(), self._driver_gone)
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
@@ -288,8 +300,18 @@ class Replica:
         worker = get_worker()
         if parse_address(worker.address)[0] != "tcp":
             return None
-        self._lane = LaneServer(get_address_host(worker.address), self._lane_request)
+        self.lane_close()  # one lane at a time
+        try:
+            self._lane = LaneServer(get_address_host(worker.address), self._lane_request,
+                                    on_drop=self._watch.lane_dropped)
+        except OSError:  # cannot listen here: the driver uses actor calls
+            return None
         return self._lane.address, self._lane.token
+
+    def lane_close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
@@ -330,18 +352,26 @@ class Replica:
                 transport.close()
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._watch.stop()
         self._reporter.close()
         await self.transport_use([])
         self.core.comm.close()
-        if self._lane is not None:
-            self._lane.close()
-            self._lane = None
+        self.lane_close()
         self.core.stop()
-        from distributed import get_worker
-
         from labdist.collectives.plugin import get_plugin
 
-        get_plugin(get_worker()).drop(self.group)
+        get_plugin(self._worker).drop(self.group)
+
+    async def _driver_gone(self, why: str) -> None:
+        """Release what `close` does, once the step thread let go (worker/lifetime.py)."""
+        error = ReplicaLostError(f"replica {self.core.rank}'s driver is gone ({why})")
+        if not await asyncio.to_thread(self.core.abandon, error, self._timeout + 5):
+            logger.warning("labdist: replica %s's step is still running; releasing it anyway",
+                           self.core.rank)
+        await self.close()
 
     def _load(self, fn_bytes: bytes):
         if fn_bytes != self._fn_bytes:  # a training loop sends the same function every step
