@@ -14,7 +14,7 @@ from labdist.cluster import step_channel
 from labdist.cluster.lane import LaneClient, LaneStepChannel
 from labdist.cluster.step_channel import ActorStepChannel
 from labdist.errors import ReplicaLostError
-from labdist.worker.lane import LaneServer
+from labdist.worker.lane import LaneServer, dumps
 from labdist.worker.replica import StepEvent
 
 
@@ -73,7 +73,8 @@ def release():
 def make_channel(transport: str, replicas: FakeReplicas):
     if transport == "actor":
         return ActorStepChannel(replicas)
-    servers = [LaneServer("127.0.0.1", lambda raw, r=r: replicas.answers[r](pickle.loads(raw)))
+    servers = [LaneServer("127.0.0.1",
+                          lambda raw, r=r: dumps(replicas.answers[r](pickle.loads(raw))))
                for r in range(len(replicas.answers))]
     lanes = [LaneClient(s.address, s.token, timeout=5) for s in servers]
     channel = LaneStepChannel(replicas, lanes)

@@ -97,6 +97,10 @@ class LaneStepChannel(StepChannel):
                 events[r] = self._lanes[r].receive()
             except (OSError, EOFError) as e:
                 events[r] = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+            except Exception as e:  # read whole, but not unpicklable here
+                events[r] = StepEvent("error", 0, error=TypeError(
+                    f"the answer of {self._replicas.where(r)} cannot be unpickled on the "
+                    f"driver: {type(e).__name__}: {e}"))
         return not ready
 
     def _drop(self, pending, rank) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 from typing import Any, Protocol
 
 from labdist.worker.replica import StepEvent
@@ -126,7 +127,8 @@ class ActorStepChannel(StepChannel):
         for future in done:
             rank = pending.pop(future)
             try:
-                events[rank] = future.result()
+                answer = future.result()  # the event, pickled by the replica (Replica._reply)
+                events[rank] = pickle.loads(answer) if isinstance(answer, bytes) else answer
             except Exception as e:  # a lost worker, or an error outside the step itself
                 events[rank] = StepEvent("error", 0, error=e)
         return bool(pending) and (first or not done)

@@ -130,6 +130,8 @@ class Strategy:
             rank = events.index(root)
             error = root.error
             note = f"raised on {self._group.where(rank)}"
+            if not isinstance(error, Exception):  # never end the driver (sys.exit in a step)
+                error = RuntimeError(f"the step function raised {error!r}")
         else:
             steps = ", ".join(
                 f"replica {r}: " + (f"merge_call at collective #{e.seq}" if e.kind == "merge"

@@ -69,8 +69,8 @@ def dumps(obj: Any) -> bytes:
 
 
 class LaneServer:
-    """Runs in the Replica actor: accepts the driver, answers each request (bytes) with what
-    `handle` returns for it; `handle` must not raise."""
+    """Runs in the Replica actor: accepts the driver, answers each request (bytes) with the
+    bytes `handle` returns for it (the answer, already pickled); `handle` must not raise."""
 
     def __init__(self, host: str, handle):
         self._handle = handle
@@ -101,7 +101,7 @@ class LaneServer:
                 return
             if request is None:
                 return
-            send_message(conn, dumps(self._handle(request)))
+            send_message(conn, self._handle(request))
 
     def close(self) -> None:
         self._closed = True
