@@ -20,7 +20,12 @@ import numpy as np
 
 from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
-from labdist.errors import CollectiveMismatchError, PeerAbortedError, ReplicaLostError
+from labdist.errors import (
+    CollectiveMismatchError,
+    PeerAbortedError,
+    ReplicaLostError,
+    ReplicaUnresponsiveError,
+)
 from labdist.input import (
     DatasetsFromFunction,
     DistributedDataset,
@@ -151,8 +156,11 @@ class Strategy:
     def _fail(self, run_id: int, events) -> None:
         """Some replicas failed or diverged: stop the rest, then raise the root cause."""
         errors = [e for e in events if e.kind == "error"]
-        if errors:
-            root = min(errors, key=lambda e: (not e.root_cause, events.index(e)))
+        if errors:  # a lost or silent replica explains its peers' timeouts: it comes first
+            root = min(errors, key=lambda e: (
+                not e.root_cause,
+                not isinstance(e.error, ReplicaLostError | ReplicaUnresponsiveError),
+                events.index(e)))
             rank = events.index(root)
             error = root.error
             note = f"raised on {self._group.where(rank)}"
