@@ -19,6 +19,7 @@ from labdist.errors import (
     PeerAbortedError,
     ReplicaDivergenceWarning,
     ReplicaLostError,
+    ReplicaUnresponsiveError,
 )
 from labdist.input import InputContext, batches
 from labdist.lab import Lab
@@ -59,6 +60,7 @@ __all__ = [
     "ReplicaContext",
     "ReplicaDivergenceWarning",
     "ReplicaLostError",
+    "ReplicaUnresponsiveError",
     "Strategy",
     "ValueContext",
     "Variable",

@@ -24,6 +24,12 @@ class ReplicaLostError(LabdistError, RuntimeError):
     """The Dask worker holding a replica went away; its variable copies are gone."""
 
 
+class ReplicaUnresponsiveError(LabdistError, TimeoutError):
+    """A replica did not answer the driver within `collective_timeout` plus a margin after its
+    peers had: its worker is frozen (stopped, swapping, stuck in native code) or its step runs
+    far longer than theirs. The driver stopped waiting; the worker may still come back."""
+
+
 class ClusterConnectionError(LabdistError, ConnectionError):
     """The Dask scheduler could not be reached."""
 

@@ -48,9 +48,10 @@ def driver_object(fn):
 
 
 def picklable_error(error: BaseException) -> BaseException:
-    """`error` if it pickles, else a RuntimeError with its text: what a worker can send back."""
+    """`error` if it pickles (and unpickles: an exception class whose __init__ wants other
+    arguments does not), else a RuntimeError with its text: what a worker can send back."""
     try:
-        pickle.dumps(error)
+        pickle.loads(pickle.dumps(error))
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")

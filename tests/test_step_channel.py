@@ -13,8 +13,8 @@ import pytest
 from labdist.cluster import step_channel
 from labdist.cluster.lane import LaneClient, LaneStepChannel
 from labdist.cluster.step_channel import ActorStepChannel
-from labdist.errors import ReplicaLostError
-from labdist.worker.lane import LaneServer
+from labdist.errors import ReplicaLostError, ReplicaUnresponsiveError
+from labdist.worker.lane import LaneServer, dumps
 from labdist.worker.replica import StepEvent
 
 
@@ -70,13 +70,14 @@ def release():
     event.set()
 
 
-def make_channel(transport: str, replicas: FakeReplicas):
+def make_channel(transport: str, replicas: FakeReplicas, collective_timeout=None):
     if transport == "actor":
-        return ActorStepChannel(replicas)
-    servers = [LaneServer("127.0.0.1", lambda raw, r=r: replicas.answers[r](pickle.loads(raw)))
+        return ActorStepChannel(replicas, collective_timeout)
+    servers = [LaneServer("127.0.0.1",
+                          lambda raw, r=r: dumps(replicas.answers[r](pickle.loads(raw))))
                for r in range(len(replicas.answers))]
     lanes = [LaneClient(s.address, s.token, timeout=5) for s in servers]
-    channel = LaneStepChannel(replicas, lanes)
+    channel = LaneStepChannel(replicas, lanes, collective_timeout)
     channel.servers = servers
     return channel
 
@@ -194,5 +195,39 @@ def test_a_closed_lane_is_a_lost_replica(loop):
         assert events[0].kind == "done"
         assert isinstance(events[1].error, ReplicaLostError)
     finally:
+        close_channel(channel)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_late_answer_is_never_taken_for_a_later_exchanges(loop, release, transport,
+                                                            monkeypatch):
+    """Rank 1 is still silent `patience` after rank 0 answered: an error event names it. Its
+    answer, owed, is collected before anything else goes to it: while it stays silent the next
+    exchange raises (nothing sent), and once it comes the one after gets its own answers."""
+    monkeypatch.setattr(step_channel, "LATE_MARGIN_S", 0.3)
+    first = threading.Event()
+
+    def slow_first(request):
+        if not first.is_set():
+            first.set()
+            release.wait(20)
+            return StepEvent("done", 0, value="old")
+        return StepEvent("done", 0, value=request)
+
+    replicas = FakeReplicas(loop, [lambda req: StepEvent("done", 0, value=req), slow_first])
+    channel = make_channel(transport, replicas, collective_timeout=0.2)
+    try:
+        events = channel.exchange(1, "run", [(1,), (1,)], [0, 1])
+        assert events[0].value == ("run", 1)
+        assert isinstance(events[1].error, ReplicaUnresponsiveError)
+        assert "replica 1 did not answer" in str(events[1].error)
+        with pytest.raises(ReplicaUnresponsiveError, match="replica 1 has not answered"):
+            channel.exchange(2, "run", [(2,), (2,)], [0, 1])
+        release.set()
+        events = channel.exchange(3, "run", [(3,), (3,)], [0, 1])
+        assert [e.value for e in events] == [("run", 3), ("run", 3)]
+        assert (1, 1, 0, "failed", step_channel._ENDED_EARLY) in replicas.told
+    finally:
+        release.set()
         close_channel(channel)
 

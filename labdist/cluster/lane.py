@@ -79,8 +79,9 @@ class LaneStepChannel(StepChannel):
 
     kind = "lane"
 
-    def __init__(self, replicas: Replicas, lanes: list[LaneClient]):
-        super().__init__(replicas)
+    def __init__(self, replicas: Replicas, lanes: list[LaneClient],
+                 collective_timeout: float | None = None):
+        super().__init__(replicas, collective_timeout)
         self._lanes = lanes
 
     def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
@@ -109,15 +110,27 @@ class LaneStepChannel(StepChannel):
         ready = pending.select(timeout)
         for key, _ in ready:
             r = key.data
-            pending.unregister(key.fileobj)
             try:
-                events[r] = self._lanes[r].receive()
+                event = self._lanes[r].receive()
             except (OSError, EOFError) as e:
-                events[r] = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+                event = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+            except Exception as e:  # read whole, but not unpicklable here
+                event = StepEvent("error", 0, error=TypeError(
+                    f"the answer of {self._replicas.where(r)} cannot be unpickled on the "
+                    f"driver: {type(e).__name__}: {e}"))
+            pending.unregister(key.fileobj)
+            events[r] = event
         return not ready
 
     def _drop(self, pending, rank) -> None:
-        pending.unregister(self._lanes[rank].sock)
+        with contextlib.suppress(KeyError, ValueError):
+            pending.unregister(self._lanes[rank].sock)
+
+    def _collect(self, kept) -> selectors.BaseSelector:
+        selector = selectors.DefaultSelector()
+        for r in kept:
+            selector.register(self._lanes[r].sock, selectors.EVENT_READ, r)
+        return selector
 
     def _end(self, pending) -> None:
         pending.close()

@@ -15,7 +15,7 @@ from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
-from labdist.errors import LabdistError, ReplicaLostError
+from labdist.errors import LabdistError, ReplicaLostError, ReplicaUnresponsiveError
 from labdist.worker import actor_call as remote
 from labdist.worker.replica import Replica, StepEvent
 
@@ -91,6 +91,7 @@ class DaskReplicaGroup(ActorGroup):
     def _step_channel(self, transport: str, timeout: float) -> StepChannel:
         """Steps over the fast lane (cluster/lane.py), unless told to use Dask comms only or
         the cluster uses TLS; any failure to connect falls back to actor calls."""
+        collective_timeout = self._settings[1]
         if transport != "tcp":
             n = len(self.workers)
             try:
@@ -98,10 +99,10 @@ class DaskReplicaGroup(ActorGroup):
             except Exception:  # e.g. an address family this host cannot bind: not fatal
                 lanes = None
             if lanes is not None:
-                return LaneStepChannel(self, lanes)
+                return LaneStepChannel(self, lanes, collective_timeout)
             with contextlib.suppress(Exception):  # the replicas' unused ends
                 self._sync(self._all, "lane_close", [()] * n)
-        return ActorStepChannel(self)
+        return ActorStepChannel(self, collective_timeout)
 
     def lost_replicas(self) -> list[int]:
         return [r for r in range(len(self.workers)) if self.lost(r)]
@@ -167,16 +168,42 @@ class DaskReplicaGroup(ActorGroup):
         return await asyncio.gather(
             *(self.call(r, method, *a) for r, a in zip(ranks, args_per_rank, strict=True)))
 
+    def _bounded(self, method: str, args_per_rank: list[tuple], ranks=None) -> list[Any]:
+        """`_all` for the protocol's calls, once no replica owes a step's answer (the step
+        channel's `settle`: an abandoned step no longer runs there); once one replica
+        has answered, the others have the channel's patience (collective_timeout plus a
+        margin), then ReplicaUnresponsiveError names them (a frozen worker never answers)."""
+        ranks = list(range(len(self.workers)) if ranks is None else ranks)
+        self.steps.settle(ranks, release=False)  # a merge_call function may be the caller
+        patience = self.steps.patience
+
+        async def gather() -> list[Any]:
+            tasks = {asyncio.ensure_future(self.call(r, method, *a)): r
+                     for r, a in zip(ranks, args_per_rank, strict=True)}
+            _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if pending:
+                _, pending = await asyncio.wait(pending, timeout=patience)
+            _settle_tasks(tasks)
+            if pending:
+                raise ReplicaUnresponsiveError(
+                    "; ".join(self.where(tasks[t]) for t in pending) + f" did not answer "
+                    f"{method!r} within {patience:g} s of its peers (collective_timeout plus a "
+                    "margin): its worker may be frozen or stuck in native code. Close this "
+                    "strategy and create a new one if it does not come back")
+            return [task.result() for task in tasks]
+
+        return self._sync(gather)
+
     # -- the replica-group protocol --------------------------------------------------------------
     def create(self, var_id, host):
-        self._sync(self._all, "create", [(var_id, host)] * len(self.workers))
+        self._bounded("create", [(var_id, host)] * len(self.workers))
 
     def read(self, var_id, ranks):
-        return self._sync(self._all, "read", [(var_id,)] * len(ranks), ranks)
+        return self._bounded("read", [(var_id,)] * len(ranks), ranks)
 
     def write(self, var_id, mode, host, want):
         n = len(self.workers)
-        got = self._sync(self._all, "write", [(var_id, mode, host, r in want) for r in range(n)])
+        got = self._bounded("write", [(var_id, mode, host, r in want) for r in range(n)])
         return [got[r] for r in want]
 
     def start(self, run_id, fn, args_r, kwargs_r):
@@ -202,13 +229,31 @@ class DaskReplicaGroup(ActorGroup):
 
     def update(self, fn, args_r, kwargs_r):
         fn_bytes = shipping.dumps(fn)
-        return self._sync(self._all, "update",
-                          [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
+        return self._bounded("update",
+                             [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
+
+    async def _close_all(self) -> None:
+        """Ask every replica to let go; one that does not answer within the patience of the
+        step channel (a frozen worker) is left to Dask, which drops its actor with it."""
+        patience = self.steps.patience if self.steps is not None else None
+        tasks = [asyncio.ensure_future(self.call(r, "close")) for r in range(len(self.workers))]
+        await asyncio.wait(tasks, timeout=patience)
+        _settle_tasks(tasks)
 
     def _close_actors(self) -> None:
         if self._keys:
             with contextlib.suppress(Exception):
-                self._sync(self._all, "close", [()] * len(self.workers))
+                self._sync(self._close_all)
         if self.steps is not None:
             self.steps.close()
             self.steps = None
+
+
+def _settle_tasks(tasks) -> None:
+    """Cancel the tasks still running; take the exceptions of those that failed (asyncio
+    would log each one never retrieved)."""
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled():
+            task.exception()

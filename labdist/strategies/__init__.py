@@ -1,7 +1,8 @@
 """The tf.distribute-shaped strategies."""
 
-from labdist.strategies.base import Strategy, StrategyExtended
+from labdist.strategies.base import Strategy
 from labdist.strategies.coordinator import ClusterCoordinator
+from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.mirrored import MirroredStrategy
 from labdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from labdist.strategies.one_device import OneDeviceStrategy

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -19,13 +20,19 @@ import numpy as np
 
 from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
-from labdist.errors import CollectiveMismatchError, PeerAbortedError, ReplicaLostError
+from labdist.errors import (
+    CollectiveMismatchError,
+    PeerAbortedError,
+    ReplicaLostError,
+    ReplicaUnresponsiveError,
+)
 from labdist.input import (
     DatasetsFromFunction,
     DistributedDataset,
     InputContext,
     split_sizes,
 )
+from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
@@ -45,6 +52,12 @@ class Strategy:
         self._run_ids = itertools.count(1)
         self._closed = False
         self._variable_ids: list[int] = []
+        # Everything that talks to the replicas holds this, so threads sharing a strategy (a
+        # lab training in the background, the notebook) take turns, whole run by whole run.
+        # Reentrant: a merge_call function on the driver reads variables, calls reduce or
+        # extended.update while its run holds it.
+        self._lock = threading.RLock()
+        self._running = False  # a run is in progress (on the thread holding the lock)
         self.extended = StrategyExtended(self)
         context.register(self)
 
@@ -82,6 +95,11 @@ class Strategy:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed; create a new strategy")
 
+    def _replicas_lock(self):
+        """The lock for a call that talks to the replicas. A step running in this process (a
+        OneDeviceStrategy's) does not take it: its run, on the driver's thread, holds it."""
+        return contextlib.nullcontext() if worker_context.current() is not None else self._lock
+
     # -- running steps ----------------------------------------------------------------------
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Run `fn(*args, **kwargs)` once per replica, concurrently, each on its own worker.
@@ -93,6 +111,21 @@ class Strategy:
         if worker_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
         shipping.check_call(fn, args, kwargs)
+        with self._lock:
+            if self._running:
+                raise RuntimeError("strategy.run cannot be called inside merge_call: the "
+                                   "replicas are waiting in this run's merge_call")
+            self._running = True
+            try:
+                events = self._run(fn, args, kwargs)
+            finally:
+                self._running = False
+        self._emit_warnings(events)
+        return self._regroup([e.value for e in events], "the step function's results")
+
+    def _run(self, fn: Callable, args: tuple, kwargs: dict | None) -> list:
+        """Start the step and answer its merge_calls until every replica is done."""
+        self._check_open()
         n = self.num_replicas_in_sync
         args_r = [self._select(tuple(args), r, "args") for r in range(n)]
         kwargs_r = [self._select(kwargs or {}, r, "kwargs") for r in range(n)]
@@ -101,18 +134,16 @@ class Strategy:
         while True:
             kinds = {e.kind for e in events}
             if kinds == {"done"}:
-                break
+                return events
             if kinds == {"merge"} and len({e.seq for e in events}) == 1:
                 try:
                     values = self._merge(events)
+                    events = self._group.resume(run_id, values, None)
                 except BaseException as error:  # release the waiting replicas, then raise
                     self._abort(run_id, events, error)
                     raise
-                events = self._group.resume(run_id, values, None)
                 continue
             self._fail(run_id, events)
-        self._emit_warnings(events)
-        return self._regroup([e.value for e in events], "the step function's results")
 
     def _merge(self, events) -> list[Any]:
         fn = shipping.driver_object(events[0].value[0])
@@ -125,11 +156,16 @@ class Strategy:
     def _fail(self, run_id: int, events) -> None:
         """Some replicas failed or diverged: stop the rest, then raise the root cause."""
         errors = [e for e in events if e.kind == "error"]
-        if errors:
-            root = min(errors, key=lambda e: (not e.root_cause, events.index(e)))
+        if errors:  # a lost or silent replica explains its peers' timeouts: it comes first
+            root = min(errors, key=lambda e: (
+                not e.root_cause,
+                not isinstance(e.error, ReplicaLostError | ReplicaUnresponsiveError),
+                events.index(e)))
             rank = events.index(root)
             error = root.error
             note = f"raised on {self._group.where(rank)}"
+            if not isinstance(error, Exception):  # never end the driver (sys.exit in a step)
+                error = RuntimeError(f"the step function raised {error!r}")
         else:
             steps = ", ".join(
                 f"replica {r}: " + (f"merge_call at collective #{e.seq}" if e.kind == "merge"
@@ -303,8 +339,9 @@ class Strategy:
     # -- variables (used by variables.py) -------------------------------------------------------
     def _create_variable(self, var_id: int, host: np.ndarray) -> None:
         self._check_open()
-        self._group.create(var_id, host)
-        self._variable_ids.append(var_id)
+        with self._replicas_lock():
+            self._group.create(var_id, host)
+            self._variable_ids.append(var_id)
 
     def refresh(self) -> bool:
         """Re-form on the cluster's workers if they changed (MultiWorkerMirroredStrategy);
@@ -314,10 +351,11 @@ class Strategy:
     def recover(self) -> bool:
         """After a lost worker: re-form the replicas on the workers present, each variable
         taking a surviving replica's copy. Returns False when nothing was lost."""
-        if not self._group.lost_replicas():
-            return False
-        self._reform(self.num_replicas_in_sync)
-        return True
+        with self._lock:
+            if not self._group.lost_replicas():
+                return False
+            self._reform(self.num_replicas_in_sync)
+            return True
 
     def _reform(self, num_replicas: int | None) -> None:
         group = self._group
@@ -335,36 +373,11 @@ class Strategy:
 
     def _read_variable(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
         self._check_open()
-        return self._group.read(var_id, list(ranks))
+        with self._replicas_lock():
+            return self._group.read(var_id, list(ranks))
 
     def _write_variable(self, var_id: int, mode: str, host: np.ndarray,
                         want: Iterable[int]) -> list[np.ndarray]:
         self._check_open()
-        return self._group.write(var_id, mode, host, list(want))
-
-
-class StrategyExtended:
-    """`strategy.extended`: the lower-level calls used inside merge_call."""
-
-    def __init__(self, strategy: Strategy):
-        self._strategy = strategy
-
-    def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
-               group: bool = True) -> Any:
-        """Run `fn(var, *args)` on every replica with writes going to that replica's copy only.
-
-        Per-replica args give each replica its component (as merge_call's reduced values do).
-        """
-        s = self._strategy
-        s._check_open()
-        if worker_context.current() is not None:
-            raise RuntimeError("extended.update is a cross-replica call: use it in merge_call")
-        if not isinstance(var, Variable) or var._strategy_id != s._id:
-            raise ValueError(f"var={var!r} is not a variable of {s!r}")
-        n = s.num_replicas_in_sync
-        results = s._group.update(
-            fn, [s._select((var, *args), r, "args") for r in range(n)],
-            [s._select(kwargs or {}, r, "kwargs") for r in range(n)])
-        if not group:
-            return tuple(results)
-        return s._regroup(results, "the update function's results")
+        with self._replicas_lock():
+            return self._group.write(var_id, mode, host, list(want))

@@ -18,7 +18,9 @@ class MirroredStrategy(Strategy):
         `distributed.Client`, or a Dask cluster object (used, never closed).
     device: "auto" (GPU if the worker has one), "cpu", "gpu", or "strict" (a cupy-like test
         double that refuses implicit host conversion).
-    collective_timeout: seconds a replica waits for its peers in one collective.
+    collective_timeout: seconds a replica waits for its peers in one collective; also, plus
+        5 s, how long the driver waits for a replica once a peer has reported (then
+        `ReplicaUnresponsiveError` names it: a frozen worker).
     connect_timeout: seconds to reach the scheduler and to wait for enough workers.
     transport: "auto" (collectives through shared memory when all replicas share a host,
         else Dask comms, and GPU replicas' data through NCCL when every replica can; steps

@@ -44,13 +44,14 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         """Re-form on the cluster's workers if they changed since the last call (a worker
         joined or left); variables keep their values. `fit` calls this before training."""
         self._check_open()
-        group = self._group
-        present = group.present_workers()
-        if self._fixed_replicas is None:
-            changed = present != sorted(group.workers)
-        else:  # a fixed replica count: only a lost worker of ours matters
-            changed = not set(group.workers) <= set(present)
-        if not changed and not group.lost_replicas():
-            return False
-        self._reform(self._fixed_replicas)
-        return True
+        with self._lock:  # no run of another thread may use the group being replaced
+            group = self._group
+            present = group.present_workers()
+            if self._fixed_replicas is None:
+                changed = present != sorted(group.workers)
+            else:  # a fixed replica count: only a lost worker of ours matters
+                changed = not set(group.workers) <= set(present)
+            if not changed and not group.lost_replicas():
+                return False
+            self._reform(self._fixed_replicas)
+            return True

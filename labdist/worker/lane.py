@@ -116,9 +116,10 @@ def dumps(obj: Any) -> bytes:
 
 class LaneServer:
     """Runs in the Replica actor: accepts the driver (the first connection to show the token),
-    answers each request (bytes) with what `handle` returns for it; `handle` must not raise.
-    When the driver's connection ends without a goodbye, `on_drop` is called (the lane's
-    thread): the driver vanished. The lane serves one driver, once."""
+    answers each request (bytes) with the bytes `handle` returns for it (the answer, already
+    pickled); `handle` must not raise. When the driver's connection ends without a goodbye,
+    `on_drop` is called (the lane's thread): the driver vanished. The lane serves one driver,
+    once."""
 
     def __init__(self, host: str, handle: Callable[[bytes], Any],
                  on_drop: Callable[[], None] | None = None):
@@ -212,7 +213,7 @@ class LaneServer:
             if request is None or request == GOODBYE:
                 dropped = request is None
             else:
-                send_message(conn, dumps(self._handle(request)))
+                send_message(conn, self._handle(request))
                 return True
         except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
             dropped = True

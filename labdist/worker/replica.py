@@ -17,36 +17,21 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from labdist import nest
 from labdist.backend import Backend, get_backend
-from labdist.errors import PeerAbortedError, ReplicaLostError
+from labdist.errors import ReplicaLostError
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
 from labdist.worker.lifetime import DriverWatch, logger
+from labdist.worker.step_event import StepEvent, encode, step_error
 from labdist.worker.step_report import StepLog, StepReporter
 
-
-@dataclass
-class StepEvent:
-    """What a replica reports to the driver: its step finished ("done"), failed ("error"), or
-    stopped in merge_call ("merge"). `seq` counts the collectives it has made so far."""
-
-    kind: str
-    seq: int
-    value: Any = None
-    error: BaseException | None = None
-    remote_traceback: str = ""
-    warnings: list[tuple[str, type]] = field(default_factory=list)
-
-    @property
-    def root_cause(self) -> bool:
-        return self.kind == "error" and not isinstance(self.error, PeerAbortedError)
+__all__ = ["Replica", "ReplicaCore", "StepEvent"]
 
 
 class ReplicaCore:
@@ -135,8 +120,13 @@ class ReplicaCore:
     def update(self, fn, args: tuple, kwargs: dict) -> Any:
         """`extended.update`: run `fn` here with updates writing only this replica's copy."""
         ctx = ReplicaContext(self, run_id=-1, mode="update")
-        with enter(ctx):
-            result = fn(*self.to_device(args), **self.to_device(kwargs))
+        try:
+            with enter(ctx):
+                result = fn(*self.to_device(args), **self.to_device(kwargs))
+        except Exception:
+            raise
+        except BaseException as e:  # sys.exit() must not end the worker, nor the driver
+            raise step_error(e, f"replica {self.rank}", "extended.update's function") from None
         return self.to_host(result)
 
     def stop(self) -> None:
@@ -165,8 +155,8 @@ class ReplicaCore:
                     result = fn(*self.to_device(args), **self.to_device(kwargs))
                 event = StepEvent("done", ctx._seq, self.to_host(result), warnings=ctx.warnings)
             except BaseException as e:  # reported to the driver, which re-raises it
-                event = StepEvent("error", ctx._seq, error=e, warnings=ctx.warnings,
-                                  remote_traceback=traceback.format_exc())
+                event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
+                                  warnings=ctx.warnings, remote_traceback=traceback.format_exc())
             if self.steps is not None:
                 self.steps.record(start, time.time(), ctx._seq)
             self._signal(event, next_event=None)
@@ -210,6 +200,7 @@ class Replica:
         worker = get_worker()
         self.group = group
         self.address = worker.address
+        self.where = f"replica {rank} (worker {worker.address})"  # for errors
         backend = get_backend(device)
         if len(peers) > 1:
             endpoint = Endpoint(group, rank, peers, timeout, worker,
@@ -245,25 +236,31 @@ class Replica:
         return self.core.write(var_id, mode, host, want)
 
     # -- steps: one handler, reached by actor calls (run, resume) or by the lane --------------
-    async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> StepEvent:
+    async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> bytes:
         return await self._reply(self._step(("run", run_id, fn_bytes, args, kwargs)))
 
-    async def resume(self, value: Any = None, error: BaseException | None = None) -> StepEvent:
+    async def resume(self, value: Any = None, error: BaseException | None = None) -> bytes:
         return await self._reply(self._step(("resume", value, error)))
 
-    async def _reply(self, next_event: Future) -> StepEvent:
-        """The step's next event, made safe to send (on the event loop)."""
-        event = await asyncio.wrap_future(next_event)
-        while (next_event := self._refuse_unsendable(event)) is not None:
-            event = await asyncio.wrap_future(next_event)
-        return _finish(event)
+    async def _reply(self, next_event: Future) -> bytes:
+        """The step's next event, pickled for the driver (on the event loop)."""
+        while isinstance(answer := encode(await asyncio.wrap_future(next_event), self.where),
+                         TypeError):  # merge_call arguments that cannot travel: the step fails
+            next_event = self.core.resume(error=answer)
+        return answer
 
-    def _lane_request(self, raw: bytes) -> StepEvent:
-        """The same for a request that came by the lane (on the lane's thread)."""
-        event = self._step(raw).result()
-        while (next_event := self._refuse_unsendable(event)) is not None:
-            event = next_event.result()
-        return _finish(event)
+    def _lane_request(self, raw: bytes) -> bytes:
+        """The same for a request that came by the lane (on the lane's thread); never raises,
+        so the lane always answers and stays in step with the driver."""
+        try:
+            next_event = self._step(raw)
+            while isinstance(answer := encode(next_event.result(), self.where), TypeError):
+                next_event = self.core.resume(error=answer)
+            return answer
+        except Exception as e:
+            return encode(StepEvent("error", 0, error=RuntimeError(
+                f"{self.where} could not answer a step request: {type(e).__name__}: {e}"),
+                remote_traceback=traceback.format_exc()), self.where)
 
     def _step(self, request: tuple | bytes) -> Future:
         """Start ("run", run_id, fn_bytes, args, kwargs) or resume ("resume", value, error) a
@@ -285,12 +282,6 @@ class Replica:
             failed.set_result(StepEvent("error", 0, error=picklable_error(e),
                                         remote_traceback=traceback.format_exc()))
             return failed
-
-    def _refuse_unsendable(self, event: StepEvent) -> Future | None:
-        """A merge request whose arguments cannot travel fails the step waiting in it: the
-        future of the step's next event then, else None."""
-        error = _unsendable(event)
-        return None if error is None else self.core.resume(error=error)
 
     async def lane_open(self) -> tuple[tuple[str, int], str] | None:
         """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
@@ -379,22 +370,3 @@ class Replica:
 
             self._fn, self._fn_bytes = cloudpickle.loads(fn_bytes), fn_bytes
         return self._fn
-
-
-def _unsendable(event: StepEvent) -> BaseException | None:
-    """A merge request whose arguments cannot travel: the step waiting on it must fail."""
-    if event.kind != "merge":
-        return None
-    import cloudpickle
-
-    try:
-        cloudpickle.dumps(event.value)
-    except Exception as e:
-        return TypeError(f"merge_call arguments cannot be sent to the driver: {e}")
-    return None
-
-
-def _finish(event: StepEvent) -> StepEvent:
-    if event.error is not None:
-        event.error = picklable_error(event.error)
-    return event

@@ -1,0 +1,39 @@
+"""`strategy.extended`: the lower-level cross-replica calls used inside merge_call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from labdist.variables import Variable
+from labdist.worker import context as worker_context
+
+if TYPE_CHECKING:
+    from labdist.strategies.base import Strategy
+
+class StrategyExtended:
+    """`strategy.extended`: the lower-level calls used inside merge_call."""
+
+    def __init__(self, strategy: Strategy):
+        self._strategy = strategy
+
+    def update(self, var: Variable, fn: Callable, args: tuple = (), kwargs: dict | None = None,
+               group: bool = True) -> Any:
+        """Run `fn(var, *args)` on every replica with writes going to that replica's copy only.
+
+        Per-replica args give each replica its component (as merge_call's reduced values do).
+        """
+        s = self._strategy
+        s._check_open()
+        if worker_context.current() is not None:
+            raise RuntimeError("extended.update is a cross-replica call: use it in merge_call")
+        if not isinstance(var, Variable) or var._strategy_id != s._id:
+            raise ValueError(f"var={var!r} is not a variable of {s!r}")
+        n = s.num_replicas_in_sync
+        args_r = [s._select((var, *args), r, "args") for r in range(n)]
+        kwargs_r = [s._select(kwargs or {}, r, "kwargs") for r in range(n)]
+        with s._lock:
+            results = s._group.update(fn, args_r, kwargs_r)
+        if not group:
+            return tuple(results)
+        return s._regroup(results, "the update function's results")
