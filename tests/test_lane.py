@@ -79,8 +79,9 @@ def _squatting(address, how, n: int = 3):
             sock.close()
 
 
-def _answer(raw: bytes):
-    return ("ok", pickle.loads(raw))
+def _answer(raw: bytes) -> bytes:
+    """A handler as the Replica's: the answer goes back already pickled."""
+    return lane.dumps(("ok", pickle.loads(raw)))
 
 
 @pytest.mark.timeout(60)
@@ -131,7 +132,7 @@ def test_a_message_that_starts_must_finish(monkeypatch):
 
     def stall(raw: bytes):
         stalled.wait(20)
-        return "late"
+        return lane.dumps("late")
 
     server = lane.LaneServer("127.0.0.1", stall)
     try:
