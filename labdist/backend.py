@@ -66,6 +66,40 @@ def gpu_count() -> int:
         return 0
 
 
+def visible_gpus(device: str = "auto") -> list[str]:
+    """The GPUs an embedded cluster pins its workers to, as CUDA_VISIBLE_DEVICES entries, for
+    replicas computing on `device`: CUDA's (those CUDA_VISIBLE_DEVICES lists, if set), none for
+    "cpu", and for "strict" the double's pretend GPUs when LABDIST_STRICT_GPUS asks for some."""
+    if device == "cpu":
+        return []
+    if device == "strict":
+        from labdist import strict_cuda
+
+        return strict_cuda.visible() if os.environ.get(strict_cuda.ENV_GPUS) else []
+    count = gpu_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in listed.split(",") if d.strip()] if listed else []
+    return (ids or [str(i) for i in range(count)])[:count]
+
+
+def device_of(backend: str) -> str:
+    """The device a process computing with `backend` (a Backend name) uses, in words."""
+    if backend == "numpy":
+        return "cpu"
+    if backend == "strict":
+        from labdist import strict_cuda as cuda
+
+        kind = "strict double GPU"
+    else:
+        from cupy import cuda
+
+        kind = "GPU"
+    device = cuda.Device()
+    pinned = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"{kind} {device.id} (PCI {device.pci_bus_id}"
+            + (f", CUDA_VISIBLE_DEVICES={pinned})" if pinned is not None else ")"))
+
+
 def get_backend(device: str = "auto") -> Backend:
     """The backend for `device` in DEVICES; "auto" means a GPU when one is visible, else numpy.
 

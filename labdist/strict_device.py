@@ -2,7 +2,10 @@
 implicitly, so host/device mix-ups fail on a laptop the way they fail on a GPU.
 
 Like cupy: `np.asarray(device_array)` raises TypeError, mixing a device array with a numpy
-array raises TypeError, and only `to_host` (cupy's `.get()`) or `float()`/`.item()` move data.
+array (or assigning one into a device array) raises TypeError, and only `to_host` (cupy's
+`.get()`) or `float()`/`.item()` move data; `host_transfers()` counts those moves, so a test can
+tell a step that syncs with the host every iteration. `xp.cuda` is strict_cuda.py (streams,
+events, devices, and its `nccl`: the NCCL double); `x.data.ptr` is a device pointer it accepts.
 """
 
 from __future__ import annotations
@@ -11,6 +14,15 @@ from typing import Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from labdist import strict_cuda, strict_nccl
+
+_transfers = [0]  # device -> host moves in this process (float(), .item(), .get(), to_host)
+
+
+def host_transfers() -> int:
+    """How many times a device value was moved to the host in this process so far."""
+    return _transfers[0]
 
 
 class StrictDeviceArray(NDArrayOperatorsMixin):
@@ -64,20 +76,29 @@ class StrictDeviceArray(NDArrayOperatorsMixin):
         return (_wrap(x) for x in self._a)
 
     def __float__(self) -> float:
+        _transfers[0] += 1
         return float(self._a)
 
     def __int__(self) -> int:
+        _transfers[0] += 1
         return int(self._a)
 
     def __bool__(self) -> bool:
+        _transfers[0] += 1
         return bool(self._a)
 
     def item(self):
+        _transfers[0] += 1
         return self._a.item()
 
     def get(self) -> np.ndarray:
         """Copy to the host, as cupy's `ndarray.get()`."""
-        return self._a.copy()
+        return to_host(self)
+
+    @property
+    def data(self) -> strict_cuda.MemoryPointer:
+        """The device pointer of the buffer (cupy's `x.data`; `.ptr` goes to NCCL calls)."""
+        return strict_cuda.MemoryPointer(self._a)
 
     def __getattr__(self, name: str):
         # reshape, astype, sum, mean, copy, ravel, fill, ...: run on the data, keep it on device.
@@ -139,11 +160,21 @@ def _device_leaves(x: Any) -> Any:
     return x
 
 
+class _Cuda:
+    """`xp.cuda`: strict_cuda.py's names (Stream, Event, Device, runtime, ...) plus `nccl`."""
+
+    nccl = strict_nccl
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(strict_cuda, name)
+
+
 class StrictNumpy:
     """The `xp` module of the double: numpy's functions, taking and giving device arrays."""
 
     __name__ = "labdist.strict_device"
     ndarray = StrictDeviceArray
+    cuda = _Cuda()
 
     def asarray(self, x: Any, dtype=None) -> StrictDeviceArray:
         """Explicit host-to-device copy (allowed, as `cupy.asarray`)."""
@@ -161,4 +192,5 @@ class StrictNumpy:
 
 
 def to_host(x: StrictDeviceArray) -> np.ndarray:
+    _transfers[0] += 1
     return x._a.copy()

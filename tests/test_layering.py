@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.backend", "labdist.datasets", "labdist.enums",
               "labdist.errors", "labdist.input", "labdist.nest", "labdist.shipping",
-              "labdist.strict_device", "labdist.values")),
+              "labdist.strict_cuda", "labdist.strict_device", "labdist.strict_nccl",
+              "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")

@@ -163,14 +163,18 @@ class FakeDevice:
     """A device transport double: takes every all-reduce, records what it was given."""
 
     name, layer, requirement, alone = "fake", DEVICE, "nothing", False
+    broken = None
 
     def __init__(self):
         self.calls = []
 
+    def start_run(self, run) -> None:
+        pass
+
     def supports(self, backend, arrays, agg) -> bool:
         return True
 
-    def all_reduce(self, xp, arrays, agg):
+    def all_reduce(self, xp, arrays, agg, seq, what, states):
         self.calls.append(agg.name)
         return [a * 0 + 42 for a in arrays]
 

@@ -1,5 +1,6 @@
 """`labdist info`: what labdist runs with, the GPUs it sees, and (given a scheduler) the
-workers of a cluster and the GPUs each of them sees."""
+workers of a cluster, the GPUs each of them sees and the GPU it is pinned to
+(CUDA_VISIBLE_DEVICES)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,12 @@ def gpus() -> list[str]:
         return []
 
 
-def _worker_gpus() -> list[str]:  # runs on each worker
+def _worker_gpus() -> tuple[list[str], str | None]:  # runs on each worker
+    import os
+
     from labdist.cli.info import gpus as local_gpus
 
-    return local_gpus()
+    return local_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def workers(address: str, timeout: float) -> list[dict]:
@@ -53,7 +56,8 @@ def workers(address: str, timeout: float) -> list[dict]:
         described = client.scheduler_info(n_workers=-1)["workers"]
         seen = client.run(_worker_gpus)
     return [{"address": addr, "name": w.get("name"), "nthreads": w.get("nthreads"),
-             "memory_limit": w.get("memory_limit"), "gpus": seen.get(addr, [])}
+             "memory_limit": w.get("memory_limit"), "gpus": seen.get(addr, ([], None))[0],
+             "cuda_visible_devices": seen.get(addr, ([], None))[1]}
             for addr, w in sorted(described.items())]
 
 
@@ -73,5 +77,7 @@ def info(scheduler: str | None, connect_timeout: float) -> int:
         for w in found:
             memory = f"{w['memory_limit'] / 2**30:.1f} GiB" if w["memory_limit"] else "-"
             print(f"  {w['address']}  threads {w['nthreads']}  memory {memory}  "
-                  f"GPUs {len(w['gpus'])}" + (f" ({', '.join(w['gpus'])})" if w["gpus"] else ""))
+                  f"GPUs {len(w['gpus'])}" + (f" ({', '.join(w['gpus'])})" if w["gpus"] else "")
+                  + (f"  CUDA_VISIBLE_DEVICES={w['cuda_visible_devices']}"
+                     if w["cuda_visible_devices"] is not None else ""))
     return 0

@@ -27,10 +27,11 @@ class ActorGroup:
         self._closed = False
 
     def _connect(self, cluster: Any, local_workers: int, timeout: float,
-                 security: Any = None) -> None:
-        """Use `cluster`, or start (and own) an embedded one of `local_workers` workers."""
+                 security: Any = None, device: str = "cpu") -> None:
+        """Use `cluster`, or start (and own) an embedded one of `local_workers` workers (one
+        GPU each where replicas compute on `device` GPUs)."""
         if cluster is None:
-            self._owned_cluster = cluster = start_local_cluster(local_workers)
+            self._owned_cluster = cluster = start_local_cluster(local_workers, device)
         self.client, self._owns_client = connect(cluster, timeout, security)
         show_replica_steps(self.client)
 

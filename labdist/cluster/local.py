@@ -1,34 +1,72 @@
-"""Where the replicas' Dask cluster comes from: an embedded LocalCluster the strategy owns, or
-a connection to one the user runs (address, Client or cluster object)."""
+"""Where the replicas' Dask cluster comes from: an embedded LocalCluster the strategy owns (one
+worker per replica, one GPU each where replicas compute on GPUs), or a connection to one the
+user runs (address, Client or cluster object)."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from typing import Any
 
 import dask
-from distributed import Client, Security
+from distributed import Client, LocalCluster, Security
 
-from labdist.backend import gpu_count
+from labdist.backend import visible_gpus
 from labdist.errors import ClusterConnectionError
 
+DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
 
-def start_local_cluster(n_workers: int):
-    """An embedded cluster: one single-threaded worker process per replica (one GPU each with
-    dask-cuda when GPUs are present)."""
+
+def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | None = None):
+    """An embedded cluster: one single-threaded worker process per replica. Replicas that
+    compute on GPUs (`device` "gpu", "auto" where a GPU is seen, "strict" with pretend GPUs)
+    get one each: worker i is started with CUDA_VISIBLE_DEVICES naming `gpus[i]` (default:
+    the GPUs visible here, backend.visible_gpus), through dask-cuda where it is installed."""
+    gpus = visible_gpus(device) if gpus is None else list(gpus)
+    if device == "gpu" and not gpus:
+        raise ValueError("device='gpu' was requested but no GPU is visible (cupy + CUDA "
+                         "needed); use device='auto' or 'cpu'")
+    if gpus and n_workers > len(gpus):
+        raise ValueError(
+            f"num_replicas={n_workers} but {len(gpus)} GPU(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES entries {', '.join(gpus)}): each replica needs a GPU of "
+            f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which makes numpy temporaries ~2x slower.
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-        if gpu_count() > 0:
+        options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,
+                       silence_logs=logging.ERROR)
+        if gpus and device != "strict":
             with contextlib.suppress(ImportError):
                 from dask_cuda import LocalCUDACluster
 
-                return LocalCUDACluster(n_workers=n_workers, threads_per_worker=1,
-                                        silence_logs=logging.ERROR)
-        from distributed import LocalCluster
+                return LocalCUDACluster(n_workers=n_workers,
+                                        CUDA_VISIBLE_DEVICES=gpus[:n_workers], **options)
+        if gpus:
+            cluster = PinnedLocalCluster(gpus[:n_workers], processes=True, **options)
+            cluster.scale(n_workers)
+            return cluster
+        return LocalCluster(n_workers=n_workers, processes=True, **options)
 
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+
+class PinnedLocalCluster(LocalCluster):
+    """A LocalCluster whose worker i sees only GPU `gpus[i]` (CUDA_VISIBLE_DEVICES, set in the
+    worker process before anything can initialise CUDA)."""
+
+    def __init__(self, gpus: list[str], **options: Any):
+        self.gpus = list(gpus)
+        super().__init__(n_workers=0, **options)
+
+    def new_worker_spec(self) -> dict:
+        spec = super().new_worker_spec()
+        for name, worker in spec.items():
+            if not isinstance(name, int) or name >= len(self.gpus):
+                raise ValueError(f"PinnedLocalCluster: no GPU left for worker {name!r} (it has "
+                                 f"{len(self.gpus)}: {', '.join(self.gpus)})")
+            worker = spec[name] = copy.deepcopy(worker)
+            options = worker.setdefault("options", {})
+            options["env"] = {**options.get("env", {}), "CUDA_VISIBLE_DEVICES": self.gpus[name]}
+        return spec
 
 
 def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client, bool]:

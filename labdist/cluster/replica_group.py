@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from labdist import shipping
-from labdist.backend import gpu_count
+from labdist.backend import visible_gpus
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
@@ -36,8 +36,8 @@ class DaskReplicaGroup(ActorGroup):
         self.device_transport: str | None = None  # e.g. "nccl", for device replicas' data
         self.steps: StepChannel | None = None
         try:
-            self._connect(cluster, num_replicas or (gpu_count() or 2), connect_timeout,
-                          security)
+            self._connect(cluster, num_replicas or (len(visible_gpus(device)) or 2),
+                          connect_timeout, security, device)
             self.workers = self._pick_workers(num_replicas, connect_timeout)
             self.client.register_plugin(CollectivePlugin(), name=PLUGIN_NAME)
             futures = [self._start_actor(Replica, addr, f"labdist-replica-{self.group}-{rank}",
@@ -85,7 +85,10 @@ class DaskReplicaGroup(ActorGroup):
         failed = [r for r, p in enumerate(probes) if p is None]
         if failed:
             return failed
-        reached = self._sync(self._all, "transport_connect", [(name, probes)] * n)
+        root: tuple = ()  # NCCL: rank 0 alone makes the unique id, every rank joins with it
+        if hasattr(registry.TRANSPORTS[name], "bootstrap"):
+            root = (self._sync(self._all, "transport_bootstrap", [(name, probes)], [0])[0],)
+        reached = self._sync(self._all, "transport_connect", [(name, probes, *root)] * n)
         return [r for r, ok in enumerate(reached) if not ok]
 
     def _step_channel(self, transport: str, timeout: float) -> StepChannel:

@@ -66,11 +66,15 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: Op, backend) ->
     if not agg.reduces:
         allowed = ", ".join(name for name, row in aggregation.TABLE.items() if row.reduces)
         raise ValueError(f"op={op!r} is not an all-reduce op; allowed: {allowed}")
+    if comm.world == 1 and backend.is_device:  # nothing to combine: stay on the device
+        return [backend.xp.asarray(a, dtype=agg.result_dtype(a.dtype)).copy() for a in arrays]
     device = comm.device_for(backend, arrays, agg)
-    if device is not None:
-        got = comm.exchange(seq, signature(kind, arrays), None, kind)  # agree first, then send
+    if device is not None:  # agree first (signatures, and whether every rank's device
+        # transport still works: `broken`), then send
+        got = comm.exchange(seq, signature(kind, arrays), device.broken, kind)
         check_signatures([s for s, _ in got], kind)
-        return device.all_reduce(backend.xp, arrays, agg)
+        return device.all_reduce(backend.xp, arrays, agg, seq=seq, what=kind,
+                                 states=[state for _, state in got])
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
     if (comm.world > 1 and not agg.first_only

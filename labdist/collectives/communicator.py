@@ -39,6 +39,8 @@ class Communicator:
     def start_run(self, run: int) -> None:
         """Begin run `run`: later messages are keyed by it."""
         self.host.start_run(run)
+        if self.device is not None:
+            self.device.start_run(run)
 
     def exchange(self, seq: int, sig: Any, payload: Any, what: str, phase: int = 0,
                  per_peer: bool = False) -> list[tuple[Any, Any]]:

@@ -56,6 +56,12 @@ class MirroredStrategy(Strategy):
         return list(self._group.workers)
 
     @property
+    def replicas(self) -> list[dict]:
+        """Each replica, in replica order: rank, worker address, pid, backend, and the device
+        it computes on ("cpu", or which GPU: its PCI bus id and CUDA_VISIBLE_DEVICES)."""
+        return [dict(info) for info in self._group.infos]
+
+    @property
     def transport(self) -> str:
         """"shm" or "tcp": how this strategy's collectives move host data."""
         return self._group.transport

@@ -63,7 +63,8 @@ class TrainStep:
     def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
         """On one mirrored replica: train on this replica's shard of each global batch
         (sizes `totals`), numbering steps from `first_iteration` + 1; returns (loss sum,
-        correct, n) per step, identical on every replica."""
+        correct, n) per step, identical on every replica. The per-step figures stay on the
+        device until the group ends: one host transfer per `steps_per_execution` steps."""
         from labdist.worker.context import current
 
         ctx = current()
@@ -74,7 +75,8 @@ class TrainStep:
         flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
                       for i, k in names]
         stats = xp.zeros(2, dtype=xp.float64)
-        out, sharded = [], False
+        history = xp.zeros((len(totals), 2), dtype=xp.float64)  # stays on the device
+        sharded = False
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
@@ -89,12 +91,13 @@ class TrainStep:
             sharded |= ctx.reduce_apply("the training step's gradients",
                                         [grads[i][k] for i, k in names] + [local_stats],
                                         [*flat_params, stats], update)
-            loss_sum, correct = (float(v) for v in stats[:2])
-            out.append((loss_sum, correct if self.metric else 0.0, total))
+            history[step - first_iteration - 1] = stats
         slots = [a for d in flat_slots for a in d.values()]
         if sharded and slots:  # each rank updated its own segment of the slots: make them whole
             ctx.gather_segments("the optimizer's slots", slots)
-        return out
+        host = ctx.backend.to_host(history)  # the one device -> host move of the group
+        return [(float(loss_sum), float(correct) if self.metric else 0.0, total)
+                for (loss_sum, correct), total in zip(host.tolist(), totals, strict=True)]
 
 
 def gradients(xp, layers, params, loss, x, y, rng, local, total):
@@ -123,9 +126,9 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total):
     for i in range(start, -1, -1):
         dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
     correct = (h.argmax(axis=1) == y.reshape(-1)).sum() if h.ndim == 2 and h.shape[1] > 1 else 0
-    stats = xp.zeros(2, dtype=xp.float64)
-    stats[0] = float(value) * local
-    stats[1] = float(correct)
+    stats = xp.zeros(2, dtype=xp.float64)  # filled on the device: no host sync per step
+    stats[0] = value * local
+    stats[1] = correct
     return grads, stats
 
 

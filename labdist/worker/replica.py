@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from labdist import nest
-from labdist.backend import Backend, get_backend
+from labdist.backend import Backend, device_of, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
@@ -221,7 +221,7 @@ class Replica:
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
-                "rank": self.core.rank}
+                "rank": self.core.rank, "device": device_of(self.core.backend.name)}
 
     async def create(self, var_id: int, host: np.ndarray) -> None:
         self.core.create(var_id, host)
@@ -328,10 +328,14 @@ class Replica:
         self._opened[name] = transport
         return probe
 
-    async def transport_connect(self, name: str, probes: list[Any]) -> bool:
-        """Whether every peer is reachable over `name`, given every rank's probe (a thread:
-        some transports block until every rank has joined)."""
-        return await asyncio.to_thread(self._opened[name].connect, probes)
+    async def transport_bootstrap(self, name: str, probes: list[Any]) -> Any:
+        """On rank 0, for transports that need one rank to set the group up (NCCL's id)."""
+        return self._opened[name].bootstrap(probes)
+
+    async def transport_connect(self, name: str, probes: list[Any], *root: Any) -> bool:
+        """Whether every peer is reachable over `name`, given every rank's probe (and rank 0's
+        bootstrap, if any); a thread: some transports block until every rank has joined."""
+        return await asyncio.to_thread(self._opened[name].connect, probes, *root)
 
     async def transport_use(self, names: list[str]) -> None:
         """Carry collectives over the transports the group chose; close the others opened."""

@@ -75,10 +75,19 @@ class HostTransport(Transport, Protocol):
 
 
 class DeviceTransport(Transport, Protocol):
-    """Reduces device arrays without a trip through the host."""
+    """Reduces device arrays without a trip through the host. A transport that needs one
+    rank to set the group up (NCCL's unique id) adds `bootstrap(probes)`: called on rank 0
+    only, after every probe; its result is every rank's second argument to `connect`."""
+
+    broken: str | None  # why it can no longer be used (travels with each call's signature)
+
+    def start_run(self, run: int) -> None:
+        """A step begins (news of peers in the mailbox is keyed by `run`)."""
 
     def supports(self, backend: Backend, arrays: list[Any], agg: Aggregation) -> bool:
         """Whether it can do this all-reduce as the host path defines it."""
 
-    def all_reduce(self, xp: Any, arrays: list[Any], agg: Aggregation) -> list[Any]:
-        """Reduce `arrays` (the same signature on every rank, already checked)."""
+    def all_reduce(self, xp: Any, arrays: list[Any], agg: Aggregation, seq: int, what: str,
+                   states: list[str | None]) -> list[Any]:
+        """Reduce `arrays` (the same signature on every rank, already checked) as collective
+        `seq` (`what`, for errors); `states` is every rank's `broken`."""
