@@ -136,7 +136,7 @@ class TestAllReduce:
 
         handled = []
         server = lane.LaneServer(
-            "127.0.0.1", lambda raw: handled.append(pickle.loads(raw)) or "ok")
+            "127.0.0.1", lambda raw: handled.append(pickle.loads(raw)) or lane.dumps("ok"))
         try:
             with socket.create_connection(server.address, timeout=5) as sock:
                 lane.send_message(sock, b"not-the-token")
