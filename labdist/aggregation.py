@@ -7,6 +7,7 @@ and a new mode is one new row (plus its enum member).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ class Aggregation:
 
     def result_dtype(self, dtype: Any) -> np.dtype:
         """The dtype `combine` gives for parts of `dtype` (the MEAN of integers is float64)."""
-        return self.combine([np.empty(0, dtype)] * 2).dtype
+        return _result_dtype(self, np.dtype(dtype))
 
     def keeps_dtype(self, dtype: Any) -> bool:
         """Whether combining values of `dtype` gives `dtype` again (a variable can hold it)."""
@@ -133,3 +134,9 @@ def of(mode: VariableAggregation | ReduceOp | str, parameter: str = "aggregation
     if not isinstance(mode, VariableAggregation | ReduceOp):
         mode = VariableAggregation.parse(mode, parameter)
     return TABLE[mode.name]
+
+
+@functools.cache
+def _result_dtype(agg: Aggregation, dtype: np.dtype) -> np.dtype:
+    """Worked out once per (mode, dtype): collectives ask on every call."""
+    return agg.combine([np.empty(0, dtype)] * 2).dtype

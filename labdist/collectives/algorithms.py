@@ -105,6 +105,7 @@ def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: 
                          apply, backend) -> bool:
     """Sum `arrays` across replicas; `apply(i, lo, hi, summed)` writes the flat segment
     [lo, hi) of `targets[i]` from the summed segment (an optimizer step on those weights).
+    `summed` is valid only during that call (it may be a buffer the next call reuses).
 
     With large host payloads each rank applies only the segment it owns, then gathers the
     others' updated segments of `targets`: every element is reduced and updated once in the
@@ -122,8 +123,9 @@ def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: 
     outs = [t.reshape(-1) for t in targets]
     add = aggregation.of(ReduceOp.SUM)
 
-    def reduce_into(i, lo, hi, parts):
-        apply(i, lo, hi, add.combine(parts))
+    def reduce_into(i, lo, hi, parts):  # summed into a buffer reused by every step
+        out = comm.scratch(add.result_dtype(parts[0].dtype), hi - lo)
+        apply(i, lo, hi, add.combine(parts, out=out))
     _segmented(comm, seq, kind, signature(kind, arrays), flats, outs, reduce_into)
     return True
 
@@ -134,8 +136,10 @@ def gather_segments(comm, seq: int, kind: str, arrays: list[np.ndarray]) -> None
     _gather(comm, seq, kind, [a.reshape(-1) for a in arrays], phase=0)
 
 
-def _bounds(size: int, world: int) -> np.ndarray:
-    return np.linspace(0, size, world + 1).astype(int)
+def _bounds(size: int, world: int) -> list[int]:
+    """Where each rank's segment of `size` elements starts (and the end): integer arithmetic,
+    the same on every rank."""
+    return [size * d // world for d in range(world + 1)]
 
 
 def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:

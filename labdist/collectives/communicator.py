@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from labdist.aggregation import Aggregation
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
 
@@ -22,6 +24,7 @@ class Communicator:
         self.host = host
         self.device: DeviceTransport | None = None
         self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
+        self._scratch: dict[np.dtype, np.ndarray] = {}
 
     @classmethod
     def local(cls) -> Communicator:
@@ -50,6 +53,17 @@ class Communicator:
         what comes back from each peer is what it addressed to this rank.
         """
         return self.host.exchange(seq, phase, sig, payload, what, per_peer)
+
+    def scratch(self, dtype: Any, n: int) -> np.ndarray:
+        """A host array of `n` elements of `dtype` that the next call may hand out again: the
+        algorithms' intermediate results, allocated (and page-faulted) once, not every step.
+        Grows to the largest request; one per dtype."""
+        dtype = np.dtype(dtype)
+        buf = self._scratch.get(dtype)
+        if buf is None or buf.size < n:
+            buf = self._scratch[dtype] = np.empty(max(n, 2 * buf.size if buf is not None
+                                                      else n), dtype)
+        return buf[:n]
 
     def device_for(self, backend, arrays: list[Any], agg: Aggregation) -> DeviceTransport | None:
         """The device transport, if it can take this all-reduce (else the data goes through

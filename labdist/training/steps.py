@@ -21,9 +21,12 @@ class DeviceRNG:
 
     def __init__(self, backend, key: tuple):
         self._backend = backend
-        self._rng = np.random.default_rng(key)
+        self._key = key
+        self._rng = None  # made on first use: seeding costs tens of us, and most steps draw none
 
     def random(self, shape):
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._key)
         return self._backend.to_device(self._rng.random(shape, dtype=np.float32))
 
 

@@ -1,6 +1,7 @@
 """Same-host transport: each replica publishes its collective messages in files under /dev/shm
 that its peers map and read in place, and signals with a stamp in a small control file
-(shm_area.py). No socket copies and no event-loop round trips; the Dask mailbox is still
+(shm_area.py) and a byte on each peer's FIFO (shm_wake.py), which wakes a waiting peer in
+microseconds. No socket copies and no event-loop round trips; the Dask mailbox is still
 consulted while waiting, so a peer that took another path, failed, or never comes is reported
 as on Dask comms.
 
@@ -39,11 +40,9 @@ import numpy as np
 from labdist.collectives.transports import shm_area as area
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
+from labdist.collectives.transports.shm_wake import Doorbell
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 
-# A waiting replica yields (sleep(0)) this long before it backs off to short sleeps: peers in
-# step are usually microseconds apart, and a sleep of even 20 us costs more than it saves.
-SPIN_SECONDS = 2e-3
 REVIEW_RUNS = 16  # runs between reviews of the data area's size
 KEEP_BYTES = 16 << 20  # a data area this small is kept whatever the recent need
 SHRINK_FACTOR = 4  # larger than this many times the recent need: dropped at the review
@@ -81,6 +80,7 @@ class ShmTransport:
         self._runs = self._peak = 0  # since the last review: runs, largest area needed
         self._files = threading.Lock()  # making or removing our files vs close
         self._closed = False
+        self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
 
     def probe(self) -> tuple[str, str] | None:
         if not area.available():
@@ -94,6 +94,7 @@ class ShmTransport:
         self._prefix = self._control.path.removesuffix("-control")
         self._control.bytes[:16] = np.frombuffer(self.token.encode(), np.uint8)
         self._words = area.slot_words(self._control)
+        self._bell.open(self._prefix)
         return self._control.path, self.token
 
     def connect(self, probes: list[Any]) -> bool:
@@ -106,6 +107,7 @@ class ShmTransport:
             self._peer_controls.append(control)
             self._peer_words[rank] = area.slot_words(control)
             self._peer_prefix[rank] = path.removesuffix("-control")
+            self._bell.connect(self._peer_prefix[rank])
         return True
 
     def start_run(self, run: int) -> None:
@@ -159,6 +161,7 @@ class ShmTransport:
         words = self._words[slot]
         words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta))
         words[0] = stamp  # last: peers may read everything above once they see it
+        self._bell.ring()
 
     def _send_by_dask(self, slot, stamp, seq, phase, sig, payload, what, per_peer, error):
         """Send this message over Dask comms: the stamp first, so that a peer that finds it in
@@ -166,6 +169,7 @@ class ShmTransport:
         words = self._words[slot]
         words[1] = area.FALLBACK
         words[0] = stamp
+        self._bell.ring()
         if not self._full:
             self._full = True
             self._warn(seq, what, error)
@@ -208,16 +212,18 @@ class ShmTransport:
         return sig, payload[self.endpoint.rank] if per_peer else payload
 
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
-        """Poll the peer's stamp; meanwhile watch the mailbox for news of that peer."""
+        """Sleep until the peer's stamp arrives (its doorbell wakes us: shm_wake.py); between
+        wake-ups, watch the mailbox for news of that peer and the deadline."""
         if words[0] >= stamp:
             return
-        now = time.monotonic()
-        timeout, mailbox = self.endpoint.timeout, self.endpoint.mailbox
-        deadline, spin_until = now + timeout, now + SPIN_SECONDS
-        pause, polls = 0.0, 0
-        while words[0] < stamp:
-            polls += 1
-            if polls % 16 == 0 and mailbox is not None:
+        bell = self._bell
+        deadline = time.monotonic() + self.endpoint.timeout
+        mailbox, pause = self.endpoint.mailbox, 0.0
+        while True:
+            bell.drain()  # before the stamp is read: a ring after this wakes the poll below
+            if words[0] >= stamp:
+                return
+            if mailbox is not None:
                 if (self.run, seq, phase, r) in mailbox._messages:
                     if words[0] >= stamp:  # sent over Dask comms: its stamp came first
                         return
@@ -226,14 +232,12 @@ class ShmTransport:
                         f"in {what}, but replica {r} made another kind of collective. Every "
                         "replica must make the same collective calls in the same order.")
                 mailbox._raise_if_gone(self.run, seq, r, what)
-            if polls % 16 == 0 and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise CollectiveTimeoutError(
-                    f"collective #{seq} ({what}) waited {timeout:g} s for replica(s) "
-                    f"[{r}]; it never reached it. Raise collective_timeout= on the strategy "
-                    "if a step is legitimately this slow.")
-            time.sleep(pause)
-            if pause or time.monotonic() > spin_until:  # then back off, up to 0.25 ms
-                pause = min(2.5e-4, pause * 2 if pause else 2e-5)
+                    f"collective #{seq} ({what}) waited {self.endpoint.timeout:g} s for "
+                    f"replica(s) [{r}]; it never reached it. Raise collective_timeout= on the "
+                    "strategy if a step is legitimately this slow.")
+            pause = bell.wait(pause)
 
     # -- files --------------------------------------------------------------------------------
     def _grow(self, nbytes: int) -> None:
@@ -292,6 +296,7 @@ class ShmTransport:
             ours = [m for m in (self._control, self._data, self._retired) if m is not None]
             self._control = self._data = self._retired = None
         self._words = []
+        self._bell.close()
         self._peer_words.clear()
         for m in ours:
             self._remove(m)

@@ -1,0 +1,208 @@
+"""The collectives' buffers and wake-ups: intermediate sums in buffers reused step after step
+(not fresh arrays), the segmented paths giving exactly what the per-array path gives for every
+mode and dtype, and waits that sleep in the kernel instead of spinning."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist import aggregation
+from labdist.backend import NUMPY
+from labdist.collectives.algorithms import DIRECT_MAX_BYTES, all_reduce, reduce_scatter_apply
+from labdist.collectives.transports import shm, shm_wake
+from labdist.collectives.transports.base import Endpoint
+from labdist.collectives.transports.loopback import LoopbackHub
+from labdist.enums import ReduceOp, VariableAggregation
+
+LARGE = DIRECT_MAX_BYTES // 4 + 1001  # float32 elements: segmented
+DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
+
+
+def _mixed(rank: int, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(rank)
+    return [(rng.standard_normal(n if i == 0 else 7 + i) * 50).astype(d)
+            for i, d in enumerate(DTYPES)]
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MEAN, VariableAggregation.SUM,
+                                VariableAggregation.MEAN,
+                                VariableAggregation.ONLY_FIRST_REPLICA])
+def test_the_segmented_path_gives_the_per_array_results_for_mixed_dtypes(op):
+    """One all-reduce of many arrays (mixed dtypes, large: reduce-scatter + all-gather) is,
+    bit for bit, what reducing each array alone (small ones: the direct path) gives."""
+    hub = LoopbackHub(3)
+
+    def step(comm):
+        arrays = _mixed(comm.rank, LARGE)
+        together = all_reduce(comm, 1, "all", arrays, op, NUMPY)
+        alone = [all_reduce(comm, 2 + i, "one", [a], op, NUMPY)[0]
+                 for i, a in enumerate(arrays)]
+        return together, alone
+
+    for together, alone in hub.run(step):
+        for a, b in zip(together, alone, strict=True):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    expected = [aggregation.of(op).combine([_mixed(r, LARGE)[i] for r in range(3)])
+                for i in range(len(DTYPES))]
+    for a, e in zip(hub.run(step)[0][0], expected, strict=True):
+        assert a.dtype == e.dtype and a.tobytes() == e.tobytes()
+
+
+def test_reduce_scatter_apply_sums_into_one_buffer_reused_every_step():
+    """The summed segment handed to `apply` lives in the communicator's scratch buffer: the
+    same memory every step (allocated and faulted in once), and the sums stay exact."""
+    hub = LoopbackHub(2)
+
+    def steps(comm):
+        seen, weights = [], [np.zeros(LARGE, np.float32), np.zeros(10, np.float64)]
+        for step in range(1, 4):
+            grads = [np.full(LARGE, comm.rank + step, np.float32),
+                     np.full(10, 0.5 * (comm.rank + 1), np.float64)]
+
+            def apply(i, lo, hi, summed):
+                seen.append((i, _address(summed), summed.dtype))
+                weights[i][lo:hi] += summed
+            assert reduce_scatter_apply(comm, step, "grads", grads, weights, apply, NUMPY)
+        scratch = sorted((d.str, b.size) for d, b in comm._scratch.items())
+        return seen, weights, scratch, comm.rank
+
+    for seen, weights, scratch, rank in hub.run(steps):
+        per_step = len(seen) // 3
+        assert seen[:per_step] == seen[per_step:2 * per_step] == seen[2 * per_step:]
+        assert weights[0].tolist() == [float(2 + 4 + 6 + 3)] * LARGE  # sum of (r + step)
+        assert weights[1].tolist() == [4.5] * 10
+        mine = LARGE * (rank + 1) // 2 - LARGE * rank // 2  # this rank's segment, no more
+        assert scratch == sorted([(np.dtype(np.float32).str, mine),
+                                  (np.dtype(np.float64).str, 5)])
+
+
+def _apply_twice(n: int):
+    def fn():
+        ctx = ld.get_replica_context()
+        grads = [ctx.xp.full(n, ctx.replica_id_in_sync_group + 1.0, dtype=np.float32)]
+        target = [ctx.xp.zeros(n, dtype=np.float32)]
+        where = []
+
+        def apply(i, lo, hi, summed):
+            where.append(_address(summed))
+            target[i][lo:hi] -= summed
+        for _ in range(2):
+            ctx.reduce_apply("grads", grads, target, apply)
+        return np.array([*where, float(target[0].min()), float(target[0].max())])
+    return fn
+
+
+@pytest.mark.timeout(120)
+def test_fit_gradients_reuse_the_replicas_buffers_across_steps():
+    """On worker processes over shared memory: two steps' sums land in the same buffer, and
+    the weights are updated exactly (-3 per step on every element, on every replica)."""
+    from conftest import make_strategy
+
+    s = make_strategy("mirrored-2")
+    first = s.experimental_local_results(s.run(_apply_twice(LARGE)))
+    again = s.experimental_local_results(s.run(_apply_twice(LARGE)))
+    for a, b in zip(first, again, strict=True):
+        assert a[0] == a[1] == b[0] == b[1]
+        assert a[2:].tolist() == b[2:].tolist() == [-6.0, -6.0]
+
+
+class _QuietMailbox:
+    _messages: dict = {}
+
+    def _raise_if_gone(self, *args) -> None:
+        pass
+
+
+def _pair(group: str) -> list[shm.ShmTransport]:
+    ranks = [shm.ShmTransport(Endpoint(group, r, ["a", "b"], 10.0, mailbox=_QuietMailbox()))
+             for r in range(2)]
+    probes = [t.probe() for t in ranks]
+    assert all(t.connect(probes) for t in ranks)
+    return ranks
+
+
+def _exchange_late(ranks: list[shm.ShmTransport], late_s: float) -> tuple[list, float]:
+    """Rank 1 publishes `late_s` after rank 0 starts waiting; (results, rank 0's CPU s)."""
+    got: dict = {}
+
+    def run(rank: int) -> None:
+        t = ranks[rank]
+        t.start_run(1)
+        if rank == 1:
+            time.sleep(late_s)
+        cpu = time.thread_time()
+        out = t.exchange(1, 0, None, np.full(5, rank + 1.0), "x", False)
+        got[rank] = ([float(p[0]) for _, p in out], time.thread_time() - cpu)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    return [got[r][0] for r in range(2)], got[0][1]
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_replica_sleeps_until_its_peer_rings():
+    """Waiting half a second for a late peer costs the waiter almost no CPU (it blocks on its
+    FIFO, which the peer's publish wakes), and the FIFOs go with the transport."""
+    group = secrets.token_hex(8)
+    ranks = _pair(group)
+    try:
+        assert all(t._bell.path and os.path.exists(t._bell.path) for t in ranks)
+        values, cpu = _exchange_late(ranks, 0.5)
+        assert values == [[1.0, 2.0], [1.0, 2.0]]
+        assert cpu < 0.05, f"the waiter used {cpu:.3f} s of CPU in a 0.5 s wait"
+    finally:
+        for t in ranks:
+            t.close()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"labdist-{group}")]
+
+
+@pytest.mark.timeout(60)
+def test_without_fifos_waits_poll_the_stamp(monkeypatch):
+    """Where no FIFO can be made, exchanges still complete (waits sleep-poll the stamp)."""
+    def refuse(*args, **kwargs):
+        raise PermissionError("no FIFOs here")
+    monkeypatch.setattr(shm_wake.os, "mkfifo", refuse)
+    ranks = _pair(secrets.token_hex(8))
+    try:
+        assert all(t._bell.path is None for t in ranks)
+        values, _ = _exchange_late(ranks, 0.05)
+        assert values == [[1.0, 2.0], [1.0, 2.0]]
+    finally:
+        for t in ranks:
+            t.close()
+
+
+def _blas_threads() -> dict:
+    env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                          "MKL_NUM_THREADS")}
+    try:
+        import threadpoolctl
+    except ImportError:
+        return env
+    return {**env, "blas": {p["num_threads"] for p in threadpoolctl.threadpool_info()
+                            if p["user_api"] == "blas"}}
+
+
+@pytest.mark.timeout(120)
+def test_the_embedded_clusters_replicas_use_one_blas_thread_each():
+    """One worker process per replica: BLAS threads on top would oversubscribe the cores
+    (2 replicas x 2 threads on 2 cores). Dask's nanny sets the thread variables to 1; the
+    embedded cluster keeps them."""
+    from conftest import make_strategy
+
+    for got in make_strategy("mirrored-2").client.run(_blas_threads).values():
+        assert got.pop("blas", {1}) == {1}
+        assert got == dict.fromkeys(got, "1")
