@@ -32,7 +32,8 @@ def usage() -> dict[str, int]:
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     return {"rss": rss, "threads": len(os.listdir("/proc/self/task")),
-            "fds": len(os.listdir("/proc/self/fd"))}
+            "fds": len(os.listdir("/proc/self/fd")),
+            "names": sorted(t.name for t in threading.enumerate())}
 
 
 def settled_usage(client) -> dict[str, dict[str, int]]:
