@@ -91,3 +91,36 @@ def test_the_k_steps_configuration_waits_for_the_api():
     assert "no steps=" in bt.not_measured(bt.BY_KEY["loop_10"], pythons, k_steps=False)
     assert bt.not_measured(bt.BY_KEY["loop_10"], pythons, k_steps=True) is None
     assert bt.not_measured(bt.BY_KEY["loop_1"], pythons, k_steps=False) is None
+
+
+def _inner(n: int) -> int:
+    return sum(range(n))
+
+
+def _outer(n: int) -> int:
+    return _inner(n) + _inner(n)
+
+
+def test_spans_split_exclusive_time_and_leave_nothing_behind():
+    """The profile's spans (bench/_spans.py): a span's exclusive time excludes the spans it
+    called, and uninstall puts back the very same functions (so plain runs pay nothing)."""
+    import _spans
+
+    module = sys.modules[__name__]
+    originals = (_inner, _outer)
+    missing = _spans.install([(f"{__name__}:_outer", "outer"), (f"{__name__}:_inner", "inner"),
+                              (f"{__name__}:_absent", "absent")])
+    try:
+        assert missing == [f"{__name__}:_absent"]
+        _spans.reset()
+        assert module._outer(20000) == 2 * sum(range(20000))
+        table = _spans.snapshot()["threads"]
+        mine = next(t for t in table.values() if "outer" in t)
+    finally:
+        _spans.uninstall()
+    assert (module._inner, module._outer) == originals
+    outer_excl, outer_incl, outer_calls = mine["outer"]
+    inner_excl, inner_incl, inner_calls = mine["inner"]
+    assert (outer_calls, inner_calls) == (1, 2)
+    assert inner_excl == inner_incl and outer_incl >= inner_incl
+    assert outer_excl == outer_incl - inner_incl
