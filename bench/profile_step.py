@@ -95,6 +95,7 @@ DRIVER_SPANS = [
 HANDOFF_IN, HANDOFF_OUT = "lane: hand-off to the step thread", "lane: hand-off back (wake-up)"
 STEP_FN = "step: step function's own Python"
 WALL = "ms per step (instrumented pass, wall)"
+CALLS = "spans timed per step (driver + one replica)"
 
 
 # -- worker-side hooks (pickled by value; _spans is importable there once bench/ is on path) --
@@ -146,8 +147,9 @@ def per_step(snapshot: dict, steps: int) -> dict[str, float]:
     step thread)."""
     out: dict[str, float] = {}
     for table in snapshot["threads"].values():
-        for label, (exclusive, _inclusive, _calls) in table.items():
+        for label, (exclusive, _inclusive, calls) in table.items():
             out[label] = out.get(label, 0.0) + exclusive / 1e6 / steps
+            out[CALLS] = out.get(CALLS, 0.0) + calls / steps
     return out
 
 
@@ -169,11 +171,12 @@ def instrumented(strategy, run, steps: int) -> tuple[float, dict[str, float], di
         _spans.uninstall()
         client.run(_spans.uninstall)
     rows = per_step(driver, steps)
+    calls = rows.pop(CALLS, 0.0)
     ms = wall * 1e3 / steps
-    rows[WALL] = 0.0  # (set below: not part of the driver's sum)
     rows["driver: own Python (outside the spans)"] = ms - sum(rows.values())
     rows[WALL] = ms
     replicas = [per_step(w, steps) for w in workers.values()]
+    rows[CALLS] = calls + sum(rep.pop(CALLS, 0.0) for rep in replicas) / len(replicas)
     for rep in replicas:
         busy = sum(v for k, v in rep.items() if not k.startswith("lane"))
         rep["step: idle or outside the spans"] = ms - busy
@@ -247,7 +250,7 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def order(labels: set[str]) -> list[str]:
     head = ["steps/s (plain)", "steps/s (instrumented)", WALL]
-    tail = ["page faults per step per replica (plain)"]
+    tail = ["page faults per step per replica (plain)", CALLS]
     groups = ("driver", "replica lane", "replica step", "replica compute", "replica optimizer",
               "replica collective", "replica shm", "replica variables")
     body = sorted((k for k in labels if k not in head + tail),
@@ -258,6 +261,7 @@ def order(labels: set[str]) -> list[str]:
 
 def markdown(summary: dict[str, dict[str, float]]) -> str:
     labels = order({k for table in summary.values() for k in table})
+    tail_int = ("page faults per step per replica (plain)", CALLS)
     lines = ["| part (ms per step; replica rows: mean of 2) | "
              + " | ".join(TITLES[m] for m in summary) + " |",
              "|---|" + "---:|" * len(summary)]
@@ -265,7 +269,7 @@ def markdown(summary: dict[str, dict[str, float]]) -> str:
         cells = []
         for mode in summary:
             v = summary[mode].get(label)
-            digits = 0 if label.startswith("steps/s") or "faults" in label else 2
+            digits = 0 if label.startswith("steps/s") or label in tail_int else 2
             cells.append("" if v is None else f"{v:.{digits}f}")
         shown = f"**{label}**" if label == WALL else label
         lines.append(f"| {shown} | " + " | ".join(cells) + " |")
