@@ -288,8 +288,9 @@ def format_report(runs: list[Run], figures, targets_rows, info: dict[str, Any]) 
              f"CPUs (per runner: median {info['others_median']:.0%}, max "
              f"{info['others_max']:.0%})"]
     if info["cpu_use"]["others_share"] > BUSY_OTHERS:
-        lines.append("WARNING: other work ran on this machine: not a quiet run (and a loaded "
-                     "run flatters labdist against TensorFlow, whose thread pools collapse)")
+        lines.append("WARNING: other work ran on this machine: not a quiet run; load distorts "
+                     "every ratio (thread pools that spin, as BLAS's and TensorFlow's, suffer "
+                     "most): record only quiet runs")
     head = "".join(f"{f'batch {b}':>22}" for b in BATCHES)
     lines += ["", f"{'configuration (steps/s, median; x numpy)':<50}{head}"]
     base = {b: figures.get("numpy", {}).get(b) for b in BATCHES}

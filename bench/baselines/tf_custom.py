@@ -76,7 +76,7 @@ def main() -> None:
     run_synced(args.warmup)
     rates = timed_passes(lambda: run_synced(args.steps), args.steps, args.passes)
     emit(rates, tensorflow=tf.__version__, keras=getattr(tf.keras, "__version__", "?"),
-         steps_per_call=k)
+         steps_per_call=k, optimizer_steps=int(optimizer.iterations.numpy()))
 
 
 if __name__ == "__main__":
