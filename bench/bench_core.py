@@ -15,10 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from loopback import TcpPeer  # bench/ is on sys.path when this runs as a script
+from _machine import cpu_account, machine  # bench/ is on sys.path when this runs as a script
+from _machine import cpu_seconds as _cpu_seconds
+from loopback import TcpPeer
 
 # Targets from the project's performance goals; a benchmark reports, it never fails on them.
 RUN_OVER_ACTOR_TARGET = 1.5  # strategy.run latency / bare actor round trip, at most
@@ -329,51 +328,6 @@ def _all_reduce_ratios(label: str, transport: str, fig: dict[str, Figure], strea
 
 
 # -- reporting ----------------------------------------------------------------------------------
-def _cpu_seconds() -> dict[str, float]:
-    """Whole-machine CPU seconds by kind (/proc/stat), and this process tree's own (children
-    count once reaped: the cluster's workers and the TCP peer are, after they close)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        fields = [int(x) / tick for x in f.readline().split()[1:9]]
-    user, nice, system, _idle, _iowait, _irq, softirq, steal = fields
-    t = os.times()
-    return {"busy": user + nice + system, "softirq": softirq, "steal": steal,
-            "mine": t.user + t.system + t.children_user + t.children_system}
-
-
-def cpu_account(before: dict[str, float], seconds: float) -> dict[str, float]:
-    """Share of the machine's CPUs taken by other processes while we ran (approximate: kernel
-    work done on our behalf outside our processes counts as someone else's)."""
-    after = _cpu_seconds()
-    delta = {k: after[k] - before[k] for k in after}
-    capacity = seconds * (os.cpu_count() or 1)
-    return {"others_share": max(0.0, delta["busy"] - delta["mine"]) / capacity,
-            "softirq_share": delta["softirq"] / capacity, "steal_share": delta["steal"] / capacity}
-
-
-def machine() -> dict[str, Any]:
-    """What the figures depend on, recorded next to them."""
-    import dask
-    import distributed
-
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, check=True,
-                             cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rev = "unknown"
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
-            "numpy": np.__version__, "dask": dask.__version__,
-            "distributed": distributed.__version__, "git": rev,
-            "loadavg_at_start": os.getloadavg()}
-
-
 def print_report(figures: list[Figure], ratios: list[Ratio], info: dict[str, Any]) -> None:
     print(f"\nmachine: {info['nproc']} cores, {info['cpu_model']}; Python {info['python']}, numpy "
           f"{info['numpy']}, distributed {info['distributed']}; labdist {info['git']}")

@@ -1,0 +1,116 @@
+"""labdist on 2 replicas (MirroredStrategy, an embedded LocalCluster of 2 worker processes):
+`--mode fit` trains with `model.fit` (`--spe`: steps_per_execution); `--mode loop` is a user's
+custom loop in README style: variables made under the scope, a step function that computes
+its shard's gradients with labdist.training's building blocks, `ctx.all_reduce`s them and
+`assign_sub`s the step, and one `strategy.run` per step over
+`strategy.experimental_distribute_dataset`. With `--steps-per-call k` > 1 the loop uses
+labdist's k-steps-per-call API when this labdist has one (see `run_k_steps`).
+
+Run: `python bench/baselines/labdist_train.py --mode fit --spe 10 --batch 64 --steps 300`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import numpy as np
+from _common import CLASSES, HIDDEN, LEARNING_RATE, REPLICAS, data, emit, fail, parse, timed_passes
+
+import labdist as ld
+from labdist.training import layers, losses
+
+NET = [layers.Dense(HIDDEN, activation="relu"), layers.Dense(CLASSES, activation="softmax")]
+VARIABLES: list = []  # [kernel 0, bias 0, kernel 1, bias 1], made under the strategy's scope
+
+
+def train_step(x, y):
+    """One replica's step on its shard (x, y), README style; returns the shard's mean loss."""
+    ctx = ld.get_replica_context()
+    xp = ctx.xp
+    k0, b0, k1, b1 = (v.read_value() for v in VARIABLES)
+    h, cache0 = NET[0].forward(xp, {"kernel": k0, "bias": b0}, x)
+    p, cache1 = NET[1].forward(xp, {"kernel": k1, "bias": b1}, h)
+    loss, _ = losses.get("sparse_categorical_crossentropy")(xp, y, p)
+    dz = losses.fused_softmax_grad(xp, y, p)  # d (this shard's mean loss) / d logits
+    dh, g1 = NET[1].backward_linear(xp, {"kernel": k1, "bias": b1}, cache1[0], dz)
+    _, g0 = NET[0].backward(xp, {"kernel": k0, "bias": b0}, cache0, dh, input_grad=False)
+    grads = ctx.all_reduce("MEAN", [g0["kernel"], g0["bias"], g1["kernel"], g1["bias"]])
+    for v, g in zip(VARIABLES, grads, strict=True):
+        v.assign_sub(LEARNING_RATE * g)  # every copy takes the same step
+    return loss
+
+
+def has_k_steps(strategy) -> bool:
+    """Whether this labdist's `strategy.run` takes `steps=k` (issue 15's k steps per call)."""
+    try:
+        return "steps" in inspect.signature(strategy.run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_k_steps(strategy, iterator, k: int):
+    """k steps in one call, as labdist spells it (TF's idiom is a loop inside tf.function)."""
+    return strategy.run(train_step, args=(iterator,), steps=k)
+
+
+def fit_runner(strategy, x, y, args):
+    with strategy.scope():
+        model = ld.models.Sequential([ld.layers.Dense(HIDDEN, activation="relu",
+                                                      input_shape=(x.shape[1],)),
+                                      ld.layers.Dense(CLASSES, activation="softmax")])
+        model.compile(loss="sparse_categorical_crossentropy",
+                      optimizer=ld.optimizers.SGD(LEARNING_RATE), steps_per_execution=args.spe)
+
+    def run(steps: int) -> None:
+        model.fit(x[:steps * args.batch], y[:steps * args.batch], batch_size=args.batch,
+                  epochs=1, shuffle=False, verbose=0)
+
+    return run
+
+
+def loop_runner(strategy, x, y, args):
+    rng = np.random.default_rng(0)
+    with strategy.scope():
+        for layer, n_in in zip(NET, (x.shape[1], HIDDEN), strict=True):
+            for name, value in layer.build(n_in, rng).items():
+                VARIABLES.append(ld.Variable(value, aggregation="MEAN", name=name))
+    k = args.steps_per_call
+    if k > 1 and not has_k_steps(strategy):
+        fail(f"not measured: this labdist's strategy.run has no steps= (k = {k} per call)")
+    dataset = strategy.experimental_distribute_dataset(ld.batches((x, y), args.batch))
+
+    def run(steps: int) -> None:
+        batches = itertools.islice(itertools.cycle(dataset), steps)
+        if k == 1:
+            for bx, by in batches:
+                strategy.run(train_step, args=(bx, by))
+        else:
+            for _ in range(steps // k):
+                run_k_steps(strategy, batches, k)
+
+    return run
+
+
+def main() -> None:
+    def extra(p):
+        p.add_argument("--mode", choices=("fit", "loop"), required=True)
+        p.add_argument("--spe", type=int, default=1, help="fit's steps_per_execution")
+        p.add_argument("--steps-per-call", type=int, default=1, help="loop: k steps per call")
+
+    args = parse(__doc__.splitlines()[0], extra)
+    unit = max(args.spe, args.steps_per_call)  # steps per call
+    if args.steps % unit:
+        fail("--steps must be a multiple of --spe and --steps-per-call")
+    x, y = data(args.batch * args.steps)
+    with ld.MirroredStrategy(num_replicas=REPLICAS) as strategy:
+        make = fit_runner if args.mode == "fit" else loop_runner
+        run = make(strategy, x, y, args)
+        run(max(unit, args.warmup // unit * unit))
+        rates = timed_passes(lambda: run(args.steps), args.steps, args.passes)
+        emit(rates, mode=args.mode, spe=args.spe, steps_per_call=args.steps_per_call,
+             transport=strategy.transport, k_steps_api=has_k_steps(strategy))
+
+
+if __name__ == "__main__":
+    main()
