@@ -27,6 +27,7 @@ MODES = [
 ]
 MB = 1 << 20
 SAMPLE_EVERY = 10  # switches between usage samples: 11 samples over the run
+WANDER = 3  # threads or fds that on-demand pools may add at a busy moment
 
 
 def usage() -> dict[str, int]:
@@ -91,14 +92,15 @@ def test_ten_thousand_steps_switching_modes_hold_steady():
         assert lab.error is None and lab.step_count == (len(MODES) + STEPS // EVERY) * EVERY
         assert all(np.all(np.isfinite(v)) for c in lab.values() for v in c.values())
     assert notebook.calls > 10 and notebook.wrong == []
-    # Dask's connection pools and thread pools open on demand, so one sample may sit above
-    # the warm-up's; a leak keeps climbing: the second half must never top the first.
+    # Dask's connection pools and thread pools open on demand (a busier moment opens one
+    # more), so samples wander by a few; a leak keeps climbing: the second half may not top
+    # the first by more than that wander.
     half = len(samples) // 2
     for where in samples[0]:
         first, second = [s[where] for s in samples[:half]], [s[where] for s in samples[half:]]
         grew = second[-1]["rss"] - samples[0][where]["rss"]
         assert grew < 50 * MB, (where, grew // MB, "MB")
         for what in ("threads", "fds"):
-            assert max(u[what] for u in second) <= max(u[what] for u in first), (
+            assert max(u[what] for u in second) <= max(u[what] for u in first) + WANDER, (
                 where, what, [u[where][what] for u in samples], "new threads:",
                 sorted((Counter(second[-1]["names"]) - Counter(first[0]["names"])).elements()))
