@@ -4,7 +4,8 @@ distributed dataset iterated on the driver), for the 784-512-10 MLP on 2 replica
 
 Run: `python bench/bench_loop.py [--batch 64] [--steps 300] [--modes loop,dff]`, or paired
 against another checkout: `python bench/bench_loop.py --vs OTHER_TREE` (each configuration
-in its own process, the two trees alternating, ratios of this tree over OTHER_TREE).
+in its own process, the two trees alternating, ratios of this tree over OTHER_TREE; a
+`loop-K` / `dff-K` mode is compared with the other tree's `loop` / `dff`).
 `loop_steps(mode, batch, steps)` is the measurement, for other benches to call.
 
 Modes: `loop` (experimental_distribute_dataset, `for x, y in dataset: strategy.run(step,
@@ -76,8 +77,12 @@ def _data(batch: int, steps: int):
     return rng.normal(size=(n, 784)).astype(np.float32), rng.integers(0, 10, n).astype(np.int64)
 
 
+DRIVER_CPU_MS: dict[str, float] = {}  # the driver's CPU time per step (load-robust)
+
+
 def loop_steps(mode: str, batch: int, steps: int, reps: int = 3) -> float:
-    """Median steps/s over `reps` passes of `steps` steps (after a warm-up pass)."""
+    """Median steps/s over `reps` passes of `steps` steps (after a warm-up pass); the driver
+    process's CPU milliseconds per step go to DRIVER_CPU_MS[mode]."""
     import labdist as ld
 
     x, y = _data(batch, steps)
@@ -95,9 +100,9 @@ def loop_steps(mode: str, batch: int, steps: int, reps: int = 3) -> float:
             dataset = strategy.distribute_datasets_from_function(dataset_fn)
         else:
             dataset = strategy.experimental_distribute_dataset(ld.batches((x, y), batch))
-        rates = []
+        rates, cpu = [], []
         for rep in range(reps + 1):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             if not k:
                 for bx, by in dataset:
                     loss = strategy.run(step, args=(bx, by))
@@ -108,19 +113,22 @@ def loop_steps(mode: str, batch: int, steps: int, reps: int = 3) -> float:
             elapsed = time.perf_counter() - start
             if rep:  # the first pass is the warm-up
                 rates.append(steps / elapsed)
+                cpu.append((time.process_time() - cpu_start) / steps * 1e3)
         float(strategy.reduce("MEAN", loss, axis=None))
+    DRIVER_CPU_MS[mode] = statistics.median(cpu)
     return statistics.median(rates)
 
 
-def _child(tree: str, mode: str, batch: int, steps: int) -> float:
+def _child(tree: str, mode: str, batch: int, steps: int) -> tuple[float, float]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--modes", mode, "--batch", str(batch),
          "--steps", str(steps), "--json"], env=env, capture_output=True, text=True,
         cwd=os.path.abspath(tree), check=False)
     if out.returncode:
-        return float("nan")
-    return json.loads(out.stdout.strip().splitlines()[-1])[mode]
+        return float("nan"), float("nan")
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return got[mode], got[f"{mode} driver cpu ms"]
 
 
 def main() -> None:
@@ -135,21 +143,28 @@ def main() -> None:
     modes = opts.modes.split(",")
     if not opts.vs:
         got = {m: loop_steps(m, opts.batch, opts.steps) for m in modes}
+        got.update({f"{m} driver cpu ms": DRIVER_CPU_MS[m] for m in modes})
         print(json.dumps(got) if opts.json else got)
         return
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     print(f"load: {os.getloadavg()}")
     for mode in modes:
-        ratios, news, olds = [], [], []
-        for _ in range(opts.rounds):
-            new = _child(here, mode, opts.batch, opts.steps)
-            old = _child(opts.vs, mode, opts.batch, opts.steps)
+        base = mode.split("-")[0]  # `steps=K` modes against the other tree's plain loop
+        ratios, news, olds, cpus = [], [], [], []
+        for i in range(opts.rounds):  # alternate which tree goes first
+            first, second = (here, opts.vs) if i % 2 == 0 else (opts.vs, here)
+            a = _child(first, mode if first == here else base, opts.batch, opts.steps)
+            b = _child(second, mode if second == here else base, opts.batch, opts.steps)
+            (new, new_cpu), (old, old_cpu) = (a, b) if i % 2 == 0 else (b, a)
             news.append(new)
             olds.append(old)
             ratios.append(new / old)
-        print(f"{mode:6} batch {opts.batch}: this {statistics.median(news):7.1f}  other "
+            cpus.append((new_cpu, old_cpu))
+        print(f"{mode:7} batch {opts.batch}: this {statistics.median(news):7.1f}  other "
               f"{statistics.median(olds):7.1f} steps/s; paired ratio median "
-              f"{statistics.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})")
+              f"{statistics.median(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}); "
+              f"driver CPU ms/step this {statistics.median(c[0] for c in cpus):.2f} other "
+              f"{statistics.median(c[1] for c in cpus):.2f}")
 
 
 if __name__ == "__main__":

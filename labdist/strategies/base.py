@@ -22,7 +22,6 @@ from labdist import context, nest, shipping
 from labdist.enums import ReduceOp
 from labdist.errors import (
     CollectiveMismatchError,
-    OutOfRangeError,
     PeerAbortedError,
     ReplicaLostError,
     ReplicaUnresponsiveError,
@@ -34,7 +33,7 @@ from labdist.input import (
     split_sizes,
 )
 from labdist.strategies.extended import StrategyExtended
-from labdist.strategies.inputs import Inputs
+from labdist.strategies.inputs import Inputs, uneven_pipelines
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
@@ -168,18 +167,12 @@ class Strategy:
         return [self._select(result, r, "the merge_call result") for r in range(len(events))]
 
     def _fail(self, run_id: int, events, pipelines: bool = False) -> None:
-        """Some replicas failed or diverged: stop the rest, then raise the root cause (with
-        `pipelines`, the call's input lived on the replicas: one that ran out alone means
-        pipelines of different lengths)."""
+        """Some replicas failed or diverged: stop the rest, then raise the root cause (or,
+        where input lived on the replicas and only some ran out, pipelines' lengths)."""
         errors = [e for e in events if e.kind == "error"]
-        ended = [r for r, e in enumerate(events) if isinstance(e.error, OutOfRangeError)]
-        if pipelines and ended and len(ended) < len(events):
-            error = ValueError(
-                f"distribute_datasets_from_function: the input pipeline(s) of replica(s) "
-                f"{ended} ended before the others' ({events[ended[0]].error}); every pipeline "
-                "must yield the same number of batches (each step needs a batch on every "
-                "replica)")
-            note = None
+        uneven = pipelines and uneven_pipelines(events)
+        if uneven:
+            error, note = uneven, None
         elif errors:  # a lost or silent replica explains its peers' timeouts: it comes first
             root = min(errors, key=lambda e: (
                 not e.root_cause,

@@ -87,3 +87,15 @@ class Inputs:
         for key in gone:
             self._held.pop(key, None)
         return gone
+
+
+def uneven_pipelines(events: list) -> ValueError | None:
+    """For a call whose input lived on the replicas: some replicas' input ended and others'
+    did not, so the pipelines have different lengths."""
+    ended = [r for r, e in enumerate(events) if isinstance(e.error, OutOfRangeError)]
+    if not ended or len(ended) == len(events):
+        return None
+    return ValueError(
+        f"distribute_datasets_from_function: the input pipeline(s) of replica(s) {ended} "
+        f"ended before the others' ({events[ended[0]].error}); every pipeline must yield the "
+        "same number of batches (each step needs a batch on every replica)")

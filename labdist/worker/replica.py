@@ -28,8 +28,8 @@ from labdist.input import run_steps
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
-from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.lifetime import DriverWatch, logger
+from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.step_event import StepEvent, encode, step_error
 from labdist.worker.step_report import StepLog, StepReporter
 
