@@ -4,7 +4,9 @@ gets, and a helper that makes global batches from arrays."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from labdist import nest
+from labdist.errors import OutOfRangeError
 from labdist.values import PerReplica
 
 
@@ -66,9 +69,135 @@ class DistributedDataset:
         self._dataset = dataset
         self._num_replicas = num_replicas
 
-    def __iter__(self) -> Iterator[PerReplica]:
-        for batch in self._dataset:
-            yield split_batch(batch, self._num_replicas)
+    def __iter__(self) -> DistributedIterator:
+        return DistributedIterator(
+            split_batch(batch, self._num_replicas) for batch in self._dataset)
+
+
+class DistributedIterator:
+    """What `iter()` of a distributed dataset returns. On the driver, `next()` gives each
+    element (a PerReplica per leaf). Passed to `strategy.run` as an argument it *feeds* the
+    step: each step of the call takes the iterator's next element in its place. A
+    `distribute_datasets_from_function` iterator whose pipelines can travel (re-iterable and
+    picklable) is then moved to the replicas, each pipeline to its replica, and its batches are
+    made there: from then on only `strategy.run` may draw from it."""
+
+    def __init__(self, elements: Iterator[Any], pipelines: list[Any] | None = None):
+        self._elements = elements
+        self._pipelines = pipelines
+        self._started = False  # next() was called here: its pipelines cannot move any more
+        self.remote_key: str | None = None  # set once its pipelines live on the replicas
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.remote_key is not None:
+            raise TypeError("this iterator was passed to strategy.run, which moved its input "
+                            "pipelines to the replicas: its batches are made there now. Keep "
+                            "passing it to strategy.run, or iterate the dataset again for "
+                            "batches on the driver")
+        self._started = True
+        return next(self._elements)
+
+    def draw(self, count: int) -> list[Any]:
+        """Up to `count` next elements, on the driver (fewer where the input ends)."""
+        return list(itertools.islice(self, count))
+
+    def movable_pipelines(self) -> list[Any] | None:
+        """The per-replica pipelines, if they may move to the replicas: never drawn from here,
+        re-iterable (an iterator's position is shared with this process) and picklable."""
+        if self._pipelines is None or self._started:
+            return None
+        import cloudpickle
+
+        for pipeline in self._pipelines:
+            if iter(pipeline) is pipeline:
+                return None
+            try:
+                cloudpickle.dumps(pipeline)
+            except Exception:
+                return None
+        return self._pipelines
+
+    def move(self) -> str:
+        """Mark the pipelines as living on the replicas; the key they are held under there."""
+        if self.remote_key is None:
+            self.remote_key = "input-" + uuid.uuid4().hex
+        return self.remote_key
+
+
+class Feed:
+    """An argument of a replica's step that stands for an input's next element."""
+
+    def take(self, step: int, steps: int, feeds: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+def _ended(step: int, steps: int) -> OutOfRangeError:
+    ran = f"the {step} step(s) before it ran" if step else "nothing ran"
+    return OutOfRangeError(f"the input ended: step {step + 1} of this strategy.run(steps="
+                           f"{steps}) has no element ({ran})")
+
+
+class DrawnFeed(Feed):
+    """Elements drawn on the driver, one per step of the call (this replica's components)."""
+
+    __slots__ = ("elements",)
+
+    def __init__(self, elements: list[Any]):
+        self.elements = elements
+
+    def take(self, step, steps, feeds):
+        if step >= len(self.elements):
+            raise _ended(step, steps)
+        return self.elements[step]
+
+
+class PipelineFeed(Feed):
+    """This replica's own input pipeline, which lives on its worker under `key`. The driver
+    sends the pipeline itself until the replica has used it, then None; a pipeline already
+    here is never replaced (its position is kept)."""
+
+    __slots__ = ("key", "pipeline")
+
+    def __init__(self, key: str, pipeline: Any | None):
+        self.key, self.pipeline = key, pipeline
+
+    def take(self, step, steps, feeds):
+        iterator = feeds.get(self.key)
+        if iterator is None:
+            if self.pipeline is None:
+                raise RuntimeError(f"this replica does not hold input pipeline {self.key}; "
+                                   "the driver sends it again with the next call")
+            iterator = feeds[self.key] = iter(self.pipeline)
+        try:
+            return next(iterator)
+        except StopIteration:
+            raise _ended(step, steps) from None
+
+
+def run_steps(fn: Callable, args: tuple, kwargs: dict, steps: int, feeds: dict[str, Any],
+              to_device: Callable[[Any], Any]) -> Any:
+    """On a replica: `fn` `steps` times, each step's Feed arguments replaced by their next
+    element; the last step's result. An error in step i (of several) says which."""
+    leaves, treedef = nest.flatten((args, kwargs))
+    slots = [i for i, x in enumerate(leaves) if isinstance(x, Feed)]
+    if steps == 1 and not slots:
+        return fn(*to_device(args), **to_device(kwargs))
+    result = None
+    for step in range(steps):
+        now = list(leaves)
+        for i in slots:
+            now[i] = leaves[i].take(step, steps, feeds)
+        a, k = to_device(nest.unflatten(treedef, now))
+        try:
+            result = fn(*a, **k)
+        except Exception as e:
+            if steps > 1:
+                e.add_note(f"raised in step {step + 1} of this strategy.run(steps={steps})")
+            raise
+    return result
 
 
 @dataclass(frozen=True)
@@ -115,7 +244,10 @@ class DatasetsFromFunction:
                                 "it must return an iterable of per-replica batches")
             self._datasets.append(dataset)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> DistributedIterator:
+        return DistributedIterator(self._zipped(), self._datasets)
+
+    def _zipped(self) -> Iterator[Any]:
         iterators = [iter(d) for d in self._datasets]
         step = 0
         while True:

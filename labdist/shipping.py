@@ -7,13 +7,18 @@ comes back for its own object: closures then mutate the driver's state, not a co
 
 from __future__ import annotations
 
+import enum
+import functools
+import hashlib
 import io
 import pickle
+import sys
 import types
 import weakref
 from typing import Any
 
 import cloudpickle
+import numpy as np
 from distributed.protocol import to_serialize
 
 _TOKEN = "_labdist_driver_fn"
@@ -76,3 +81,136 @@ def wire(value: Any) -> Any:
     if type(value) in _PLAIN or (type(value) in (tuple, dict) and not value):
         return value
     return to_serialize(value)
+
+
+# -- pickling a step function once: the driver's cache ----------------------------------------
+# A step function sent again is pickled again only when something its pickle holds may have
+# changed. cloudpickle pickles a function from `__main__` (or a closure) by value: its code, its
+# defaults, its closure cells and the globals it names (their values). `_capture` lists every
+# object whose identity decides those bytes; equal lists (element by element, `is`) mean equal
+# bytes. Where the function holds anything that can change in place (a list, a dict, an array,
+# an instance of the user's class), there is no cache: it is pickled on every call, as before.
+
+_frozen_types: set[type] = set()
+_SCALARS = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis), range)
+
+
+def register_frozen(cls: type) -> None:
+    """Instances of `cls` pickle to a handle that never changes (a Variable's id, name, dtype,
+    shape, synchronization and aggregation): a step function may hold them and stay cached."""
+    _frozen_types.add(cls)
+
+
+try:  # cloudpickle's own rules for what it pickles by value; without them: no cache
+    from cloudpickle.cloudpickle import _extract_code_globals, _should_pickle_by_reference
+except ImportError:  # pragma: no cover - another cloudpickle
+    _extract_code_globals = _should_pickle_by_reference = None
+
+
+def _by_reference(obj: Any) -> bool:
+    try:
+        return bool(_should_pickle_by_reference(obj))
+    except Exception:
+        return False
+
+
+def _capture(obj: Any, out: list, seen: set[int]) -> bool:
+    """Append to `out` what decides `obj`'s pickle; False where it holds something mutable."""
+    kind = type(obj)
+    if kind in _SCALARS or isinstance(obj, np.generic | np.dtype) or kind in _frozen_types:
+        out.append(obj)
+        return True
+    if kind is tuple or kind is frozenset:
+        out.append(obj)
+        return all(_capture(x, out, seen) for x in obj)
+    if isinstance(obj, types.ModuleType | type | types.BuiltinFunctionType | np.ufunc
+                  | enum.Enum):
+        out.append(obj)
+        return _by_reference(obj if not isinstance(obj, enum.Enum) else kind)
+    if kind is functools.partial:
+        out.append(obj)
+        return (_capture(obj.func, out, seen) and _capture(obj.args, out, seen)
+                and _capture_dict(obj.keywords, out, seen) and _capture_dict(obj.__dict__, out,
+                                                                               seen))
+    if kind is types.FunctionType:
+        out.append(obj)
+        if id(obj) in seen or _by_reference(obj):
+            return True
+        seen.add(id(obj))
+        out.extend((obj.__code__, obj.__name__, obj.__qualname__, obj.__module__, obj.__doc__))
+        if not (_capture(obj.__defaults__, out, seen)
+                and _capture_dict(obj.__kwdefaults__, out, seen)
+                and _capture_dict(obj.__dict__, out, seen)
+                and _capture_dict(obj.__annotations__, out, seen)):
+            return False
+        for cell in obj.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                contents = _EMPTY
+            if not _capture(contents, out, seen):
+                return False
+        names = obj.__globals__
+        for name in _extract_code_globals(obj.__code__):
+            if name in names:
+                out.append(name)
+                if not _capture(names[name], out, seen):
+                    return False
+            else:
+                out.append(_EMPTY)
+        return True
+    return False
+
+
+_EMPTY = object()
+
+
+def _capture_dict(d: dict | None, out: list, seen: set[int]) -> bool:
+    if not d:
+        out.append(None)
+        return True
+    for key, value in d.items():
+        out.append(key)
+        if not _capture(value, out, seen):
+            return False
+    return True
+
+
+def snapshot(fn: Any) -> list | None:
+    """What decides `fn`'s pickle, to compare by identity; None where it cannot be cached."""
+    if _extract_code_globals is None:
+        return None
+    out: list = [len(sys.modules)]  # a module imported since may change what travels
+    try:
+        return out if _capture(fn, out, set()) else None
+    except Exception:  # anything unexpected: no cache
+        return None
+
+
+def same(a: list | None, b: list | None) -> bool:
+    """The module count by value, everything else by identity."""
+    return a is not None and b is not None and len(a) == len(b) and a[0] == b[0] and all(
+        x is y for x, y in zip(a[1:], b[1:], strict=True))
+
+
+class PickledFunctions:
+    """The driver's pickles of the step functions it sent, by function object: `dumps_cached`
+    pickles again only when the function's snapshot changed (module doc above). Each pickle is
+    named by a digest of its bytes, which is what replicas cache it under."""
+
+    def __init__(self):
+        self._by_fn: dict[int, tuple[Any, list, bytes, str]] = {}  # id -> (fn, snap, data, key)
+
+    def dumps_cached(self, fn: Any) -> tuple[str, bytes]:
+        """(key, bytes) of `fn`: the bytes of the last call when nothing it holds changed."""
+        snap = snapshot(fn)
+        hit = self._by_fn.get(id(fn))
+        if hit is not None and hit[0] is fn and same(hit[1], snap):
+            return hit[3], hit[2]
+        data = dumps(fn)
+        key = hashlib.blake2b(data, digest_size=16).hexdigest()
+        if snap is not None:
+            if len(self._by_fn) >= 64:
+                self._by_fn.clear()
+            self._by_fn[id(fn)] = (fn, snap, data, key)  # holds fn: its id stays its own
+        return key, data

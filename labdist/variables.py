@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from labdist import aggregation as table
-from labdist import context
+from labdist import context, shipping
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.worker import context as worker_context
@@ -333,3 +333,6 @@ def _rebuild(var_id, strategy_id, name, dtype, shape, sync, agg, trainable) -> V
     v._dtype, v._shape = np.dtype(dtype), tuple(shape)
     v._sync, v._agg, v._trainable = Sync[sync], Agg[agg], trainable
     return v
+
+
+shipping.register_frozen(Variable)  # pickles to its handle, fixed at creation: cacheable

@@ -83,6 +83,11 @@ class LaneStepChannel(StepChannel):
                  collective_timeout: float | None = None):
         super().__init__(replicas, collective_timeout)
         self._lanes = lanes
+        self._spare: selectors.BaseSelector | None = None  # reused: one epoll, not one a step
+
+    def _selector(self) -> selectors.BaseSelector:
+        selector, self._spare = self._spare, None
+        return selector if selector is not None else selectors.DefaultSelector()
 
     def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
         payloads = []
@@ -91,7 +96,7 @@ class LaneStepChannel(StepChannel):
                 payloads.append(dumps((method, *args)))
             except Exception as e:
                 raise unsendable(method, self._replicas.where(r), e) from None
-        selector = selectors.DefaultSelector()
+        selector = self._selector()
         try:
             for r, payload in zip(ranks, payloads, strict=True):
                 lane = self._lanes[r]
@@ -102,7 +107,7 @@ class LaneStepChannel(StepChannel):
                     events[r] = StepEvent("error", 0,
                                           error=self._replicas.lost_error(r, repr(e)))
         except BaseException:
-            selector.close()
+            self._end(selector)
             raise
         return selector
 
@@ -127,14 +132,27 @@ class LaneStepChannel(StepChannel):
             pending.unregister(self._lanes[rank].sock)
 
     def _collect(self, kept) -> selectors.BaseSelector:
-        selector = selectors.DefaultSelector()
+        selector = self._selector()
         for r in kept:
             selector.register(self._lanes[r].sock, selectors.EVENT_READ, r)
         return selector
 
     def _end(self, pending) -> None:
-        pending.close()
+        """Keep one emptied selector for the next exchange (close any other)."""
+        try:
+            for key in list(pending.get_map().values()):
+                pending.unregister(key.fileobj)
+        except (OSError, ValueError, KeyError):
+            pending.close()
+            return
+        if self._spare is None:
+            self._spare = pending
+        else:
+            pending.close()
 
     def close(self) -> None:
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
         for lane in self._lanes:
             lane.close()

@@ -12,6 +12,7 @@ from labdist import shipping
 from labdist.backend import visible_gpus
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane import LaneStepChannel, connect_lanes
+from labdist.cluster.sent_functions import SentFunctions
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
@@ -22,6 +23,8 @@ from labdist.worker.replica import Replica, StepEvent
 
 class DaskReplicaGroup(ActorGroup):
     """One Replica actor per worker: the replica-group protocol of strategies/base.py."""
+
+    remote_input = True  # input pipelines may move to the replicas (strategies/inputs.py)
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
                  collective_timeout: float, connect_timeout: float, security: Any = None,
@@ -35,6 +38,7 @@ class DaskReplicaGroup(ActorGroup):
         self.transport: str = registry.FALLBACK  # the host transport collectives use
         self.device_transport: str | None = None  # e.g. "nccl", for device replicas' data
         self.steps: StepChannel | None = None
+        self._functions = SentFunctions()  # which step functions each replica holds
         try:
             self._connect(cluster, num_replicas or (len(visible_gpus(device)) or 2),
                           connect_timeout, security, device)
@@ -209,18 +213,22 @@ class DaskReplicaGroup(ActorGroup):
         got = self._bounded("write", [(var_id, mode, host, r in want) for r in range(n)])
         return [got[r] for r in want]
 
-    def start(self, run_id, fn, args_r, kwargs_r):
+    def start(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
         if self.scheduler_lost():
             raise self.scheduler_error()
-        fn_bytes = shipping.dumps(fn)
         n = len(self.workers)
-        args = [(run_id, fn_bytes, args_r[r], kwargs_r[r]) for r in range(n)]
-        return self._checked(self.steps.exchange(run_id, "run", args, list(range(n))))
+        refs = self._functions.refs(fn, n, forget)
+        args = [(run_id, refs[r], args_r[r], kwargs_r[r], steps) for r in range(n)]
+        events = self._functions.answered(self.steps.exchange(run_id, "run", args,
+                                                              list(range(n))))
+        return self._checked(events)
 
     def resume(self, run_id, values, errors, ranks=None) -> list[StepEvent]:
         ranks = list(range(len(self.workers))) if ranks is None else ranks
         args = [(values[r], errors[r] if errors else None) for r in ranks]
-        return self._checked(self.steps.exchange(run_id, "resume", args, ranks))
+        events = self.steps.exchange(run_id, "resume", args, ranks)
+        self._functions.answered(events, ranks)
+        return self._checked(events)
 
     def _checked(self, events: list[StepEvent]) -> list[StepEvent]:
         """Failures because the scheduler went away (workers closing under a step: "Event loop

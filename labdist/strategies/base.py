@@ -33,6 +33,7 @@ from labdist.input import (
     split_sizes,
 )
 from labdist.strategies.extended import StrategyExtended
+from labdist.strategies.inputs import Inputs, uneven_pipelines
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
@@ -59,6 +60,7 @@ class Strategy:
         self._lock = threading.RLock()
         self._running = False  # a run is in progress (on the thread holding the lock)
         self.extended = StrategyExtended(self)
+        self._inputs = Inputs(self, getattr(group, "remote_input", False))
         context.register(self)
 
     # -- basics -----------------------------------------------------------------------------------
@@ -101,36 +103,46 @@ class Strategy:
         return contextlib.nullcontext() if worker_context.current() is not None else self._lock
 
     # -- running steps ----------------------------------------------------------------------
-    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
+            steps: int = 1) -> Any:
         """Run `fn(*args, **kwargs)` once per replica, concurrently, each on its own worker.
 
         PerReplica arguments give each replica its component; other arguments go to every
-        replica. Returns a PerReplica per result leaf (the plain value with one replica).
+        replica. An iterator of a distributed dataset as an argument stands for its next
+        element (each replica's component). `steps=k` runs `fn` k times in this one call
+        (TF's loop inside a `tf.function`), each step taking the next element of every
+        iterator argument, and returns the last step's results. Returns a PerReplica per
+        result leaf (the plain value with one replica).
         """
         self._check_open()
         if worker_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
         shipping.check_call(fn, args, kwargs)
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+            raise ValueError(f"steps={steps!r} must be a positive integer (the number of "
+                             "steps this call runs)")
         with self._lock:
             if self._running:
                 raise RuntimeError("strategy.run cannot be called inside merge_call: the "
                                    "replicas are waiting in this run's merge_call")
             self._running = True
             try:
-                events = self._run(fn, args, kwargs)
+                events = self._run(fn, args, kwargs, int(steps))
             finally:
                 self._running = False
         self._emit_warnings(events)
         return self._regroup([e.value for e in events], "the step function's results")
 
-    def _run(self, fn: Callable, args: tuple, kwargs: dict | None) -> list:
+    def _run(self, fn: Callable, args: tuple, kwargs: dict | None, steps: int = 1) -> list:
         """Start the step and answer its merge_calls until every replica is done."""
         self._check_open()
         n = self.num_replicas_in_sync
-        args_r = [self._select(tuple(args), r, "args") for r in range(n)]
-        kwargs_r = [self._select(kwargs or {}, r, "kwargs") for r in range(n)]
+        (args, kwargs), moved = self._inputs.feed((tuple(args), kwargs or {}), steps)
+        args_r = [self._select(args, r, "args") for r in range(n)]
+        kwargs_r = [self._select(kwargs, r, "kwargs") for r in range(n)]
         run_id = next(self._run_ids)
-        events = self._group.start(run_id, fn, args_r, kwargs_r)
+        events = self._group.start(run_id, fn, args_r, kwargs_r, steps, self._inputs.forget())
+        self._inputs.sent(moved, events)
         while True:
             kinds = {e.kind for e in events}
             if kinds == {"done"}:
@@ -139,11 +151,12 @@ class Strategy:
                 try:
                     values = self._merge(events)
                     events = self._group.resume(run_id, values, None)
+                    self._inputs.sent(moved, events)
                 except BaseException as error:  # release the waiting replicas, then raise
                     self._abort(run_id, events, error)
                     raise
                 continue
-            self._fail(run_id, events)
+            self._fail(run_id, events, pipelines=bool(moved))
 
     def _merge(self, events) -> list[Any]:
         fn = shipping.driver_object(events[0].value[0])
@@ -153,10 +166,14 @@ class Strategy:
             result = fn(self, *args, **kwargs)
         return [self._select(result, r, "the merge_call result") for r in range(len(events))]
 
-    def _fail(self, run_id: int, events) -> None:
-        """Some replicas failed or diverged: stop the rest, then raise the root cause."""
+    def _fail(self, run_id: int, events, pipelines: bool = False) -> None:
+        """Some replicas failed or diverged: stop the rest, then raise the root cause (or,
+        where input lived on the replicas and only some ran out, pipelines' lengths)."""
         errors = [e for e in events if e.kind == "error"]
-        if errors:  # a lost or silent replica explains its peers' timeouts: it comes first
+        uneven = pipelines and uneven_pipelines(events)
+        if uneven:
+            error, note = uneven, None
+        elif errors:  # a lost or silent replica explains its peers' timeouts: it comes first
             root = min(errors, key=lambda e: (
                 not e.root_cause,
                 not isinstance(e.error, ReplicaLostError | ReplicaUnresponsiveError),

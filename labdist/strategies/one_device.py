@@ -35,8 +35,10 @@ class LocalReplicaGroup:
         new = self.core.write(var_id, mode, host, bool(want))
         return [new for _ in want]
 
-    def start(self, run_id, fn, args_r, kwargs_r):
-        return [self.core.start(run_id, fn, args_r[0], kwargs_r[0]).result()]
+    def start(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
+        for key in forget:
+            self.core.feeds.pop(key, None)
+        return [self.core.start(run_id, fn, args_r[0], kwargs_r[0], steps).result()]
 
     def resume(self, run_id, values, errors, ranks=None):
         error = errors[0] if errors else None

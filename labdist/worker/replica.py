@@ -24,10 +24,12 @@ import numpy as np
 from labdist import nest
 from labdist.backend import Backend, device_of, get_backend
 from labdist.errors import ReplicaLostError
+from labdist.input import run_steps
 from labdist.shipping import picklable_error
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
 from labdist.worker.lifetime import DriverWatch, logger
+from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.step_event import StepEvent, encode, step_error
 from labdist.worker.step_report import StepLog, StepReporter
 
@@ -46,6 +48,7 @@ class ReplicaCore:
         self.copy_results = copy_results
         self.values: dict[int, Any] = {}
         self.diverged: set[int] = set()
+        self.feeds: dict[str, Any] = {}  # input pipelines that live here (labdist.input)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._resume: queue.SimpleQueue = queue.SimpleQueue()
         self._event: Future | None = None
@@ -91,13 +94,14 @@ class ReplicaCore:
         return self.read(var_id) if want else None
 
     # -- steps ----------------------------------------------------------------------------------
-    def start(self, run_id: int, fn, args: tuple, kwargs: dict) -> Future:
-        """Queue `fn` on the step thread; the future resolves with its first StepEvent."""
+    def start(self, run_id: int, fn, args: tuple, kwargs: dict, steps: int = 1) -> Future:
+        """Queue `fn` on the step thread (`steps` times over, each step taking the next element
+        of its input feeds); the future resolves with its first StepEvent."""
         if self._event is not None:
             raise RuntimeError(f"replica {self.rank} is still running an earlier step")
         self._event = Future()
         event = self._event
-        self._jobs.put((run_id, fn, args, kwargs))
+        self._jobs.put((run_id, fn, args, kwargs, steps))
         return event
 
     def resume(self, value: Any = None, error: BaseException | None = None) -> Future:
@@ -146,13 +150,13 @@ class ReplicaCore:
             job = self._jobs.get()
             if job is None:
                 return
-            run_id, fn, args, kwargs = job
+            run_id, fn, args, kwargs, steps = job
             self.comm.start_run(run_id)
             ctx = ReplicaContext(self, run_id)
             start = time.time()
             try:
                 with enter(ctx):
-                    result = fn(*self.to_device(args), **self.to_device(kwargs))
+                    result = run_steps(fn, args, kwargs, steps, self.feeds, self.to_device)
                 event = StepEvent("done", ctx._seq, self.to_host(result), warnings=ctx.warnings)
             except BaseException as e:  # reported to the driver, which re-raises it
                 event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
@@ -210,8 +214,7 @@ class Replica:
             comm = Communicator.local()
         self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
         self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
-        self._fn_bytes: bytes | None = None
-        self._fn = None
+        self._fns = LoadedFunctions()
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None  # the driver's fast lane, once opened
         self._reporter = StepReporter(worker, self.core.steps, group, rank,
@@ -236,8 +239,9 @@ class Replica:
         return self.core.write(var_id, mode, host, want)
 
     # -- steps: one handler, reached by actor calls (run, resume) or by the lane --------------
-    async def run(self, run_id: int, fn_bytes: bytes, args: tuple, kwargs: dict) -> bytes:
-        return await self._reply(self._step(("run", run_id, fn_bytes, args, kwargs)))
+    async def run(self, run_id: int, fn_ref: tuple, args: tuple, kwargs: dict,
+                  steps: int = 1) -> bytes:
+        return await self._reply(self._step(("run", run_id, fn_ref, args, kwargs, steps)))
 
     async def resume(self, value: Any = None, error: BaseException | None = None) -> bytes:
         return await self._reply(self._step(("resume", value, error)))
@@ -263,18 +267,19 @@ class Replica:
                 remote_traceback=traceback.format_exc()), self.where)
 
     def _step(self, request: tuple | bytes) -> Future:
-        """Start ("run", run_id, fn_bytes, args, kwargs) or resume ("resume", value, error) a
-        step (a request from the lane is still pickled); the future of its next event, which
-        is an error event when that fails (e.g. arguments this worker cannot import)."""
+        """Start ("run", run_id, fn_ref, args, kwargs, steps) or resume ("resume", value,
+        error) a step (a request from the lane is still pickled); the future of its next event,
+        which is an error event when that fails (e.g. arguments this worker cannot import)."""
         try:
             if isinstance(request, bytes):
                 request = pickle.loads(request)
             if request[0] == "run":
-                _, run_id, fn_bytes, args, kwargs = request
+                _, run_id, fn_ref, args, kwargs, steps = request
                 mailbox = self.core.comm.mailbox
                 if mailbox is not None:  # the mailbox belongs to the event loop
                     self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
-                return self.core.start(run_id, self._load(fn_bytes), args, kwargs)
+                fn = self._fns.load(fn_ref, self.where, self.core.feeds)
+                return self.core.start(run_id, fn, args, kwargs, steps)
             _, value, error = request
             return self.core.resume(value, error)
         except Exception as e:
@@ -310,7 +315,7 @@ class Replica:
             mailbox.peer_state(run_id, rank, state, detail)
 
     def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
-        return self.core.update(self._load(fn_bytes), args, kwargs)
+        return self.core.update(self._fns.load_bytes(fn_bytes), args, kwargs)
 
     async def transport_probe(self, name: str) -> Any | None:
         """Open transport `name` here; what peers need to connect to it, or None where this
@@ -367,10 +372,3 @@ class Replica:
             logger.warning("labdist: replica %s's step is still running; releasing it anyway",
                            self.core.rank)
         await self.close()
-
-    def _load(self, fn_bytes: bytes):
-        if fn_bytes != self._fn_bytes:  # a training loop sends the same function every step
-            import cloudpickle
-
-            self._fn, self._fn_bytes = cloudpickle.loads(fn_bytes), fn_bytes
-        return self._fn
