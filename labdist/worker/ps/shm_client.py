@@ -105,6 +105,8 @@ class ShmPaths:
             if isinstance(results[i], Raised):
                 results[i] = results[i].error  # the method's own: the channel is fine
             if results[i] is FALLBACK:
+                if channel.refused:
+                    self._drop(shard, channel)  # the store cannot map this worker's areas
                 results[i] = self._dask_calls([calls[i]])[0]
         return results
 
@@ -161,6 +163,7 @@ class _Channel:
         self._unlinked = True  # whether the area's file is gone (the store mapped it)
         self._request: tuple = ()
         self._warned = False
+        self.refused = False  # the store could not map the area: Dask comms from now on
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -236,7 +239,8 @@ class _Channel:
                     return FALLBACK
                 self._send()
                 continue
-            return FALLBACK  # "nomap": the store could not map the area
+            self.refused = True  # "nomap": the store could not map the area
+            return FALLBACK
 
     def _result(self, value: Any) -> Any:
         method, args = self._request
