@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from bench_core import _cpu_seconds, cpu_account, machine  # bench/ is on sys.path
-from bench_train import numpy_steps_per_s
+from _machine import cpu_account, cpu_seconds, machine  # bench/ is on sys.path
 from distributed import Client
 
 import labdist as ld
@@ -44,6 +47,18 @@ CONFIGS = [  # (label, workers, strategy keyword arguments)
     *[(f"sync, {w} worker{'s' * (w > 1)}", w, {"mode": "sync"}) for w in (1, 2, 4)],
     ("sync, 4 workers, aggregate 3 (1 backup)", 4, {"mode": "sync", "replicas_to_aggregate": 3}),
 ]
+
+
+NUMPY_RUNNER = Path(__file__).resolve().parent / "baselines" / "numpy_one.py"
+
+
+def numpy_steps_per_s(steps: int = 40) -> float:
+    """Steps/s of the same MLP in one numpy process (its own interpreter, as bench_train.py
+    runs it), so the baseline never shares this process's threads."""
+    out = subprocess.run([sys.executable, str(NUMPY_RUNNER), "--batch", str(BATCH),
+                          "--steps", str(steps), "--passes", "1", "--warmup", "5"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["steps_per_s"]
 
 
 HAS_TRANSPORT = "transport" in inspect.signature(ld.ParameterServerStrategy).parameters
@@ -120,7 +135,7 @@ def main() -> None:
     x = rng.random((samples, 784), dtype=np.float32)
     y = rng.integers(0, 10, samples)
     info = machine()
-    before, start = _cpu_seconds(), time.perf_counter()
+    before, start = cpu_seconds(), time.perf_counter()
     cluster = start_local_cluster(5)  # one parameter server + up to 4 workers
     client = Client(cluster, direct_to_workers=True, set_as_default=False)
     try:
@@ -135,7 +150,7 @@ def main() -> None:
         bases, last = [], {}
         for _ in range(reps):
             for label, workers, kwargs, t in configs:
-                base = numpy_steps_per_s(x, y, BATCH, 40)
+                base = numpy_steps_per_s()
                 rate, last[label] = updates_per_s(client, workers, kwargs, x, y, t)
                 runs[label].append((rate, rate / base))
                 bases.append(base)
