@@ -4,7 +4,13 @@ async + use_locking, sync, and sync with a backup worker — with the torn reads
 and lost updates, staleness and dropped gradients each run produced. The baseline is the same
 layers and optimizer in single-process numpy, measured in the same run.
 
-Run: `python bench/bench_ps.py [--quick]`.
+Run: `python bench/bench_ps.py [--quick] [--transport auto|tcp|both] [--only TEXT] [--ops]`.
+
+`--transport both` runs every configuration over Dask comms ("tcp") and over the same-host
+shared-memory path ("auto", worker/ps/shm_client.py) in the same round, paired; `--only`
+keeps the configurations whose label contains TEXT; `--ops` first times one pull and one push
+of the MLP's variables (1.6 MB, float32) from a scheduled function, per transport (medians of
+300, ms). On a tree without the `transport` knob only "tcp" (its one path) runs.
 
 Every configuration runs once per round, right after its own numpy baseline, and rounds repeat
 (3, or 1 with --quick): medians of rates and of ratios are reported. One update consumes one
@@ -17,13 +23,17 @@ oversubscribe it, on purpose (that is when staleness shows).
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
-from bench_core import _cpu_seconds, cpu_account, machine  # bench/ is on sys.path
-from bench_train import numpy_steps_per_s
+from _machine import cpu_account, cpu_seconds, machine  # bench/ is on sys.path
 from distributed import Client
 
 import labdist as ld
@@ -39,16 +49,66 @@ CONFIGS = [  # (label, workers, strategy keyword arguments)
 ]
 
 
-def updates_per_s(client, workers: int, kwargs: dict, x, y):
+NUMPY_RUNNER = Path(__file__).resolve().parent / "baselines" / "numpy_one.py"
+
+
+def numpy_steps_per_s(steps: int = 40) -> float:
+    """Steps/s of the same MLP in one numpy process (its own interpreter, as bench_train.py
+    runs it), so the baseline never shares this process's threads."""
+    out = subprocess.run([sys.executable, str(NUMPY_RUNNER), "--batch", str(BATCH),
+                          "--steps", str(steps), "--passes", "1", "--warmup", "5"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["steps_per_s"]
+
+
+HAS_TRANSPORT = "transport" in inspect.signature(ld.ParameterServerStrategy).parameters
+
+
+def strategy(client, workers: int, kwargs: dict, transport: str):
+    if HAS_TRANSPORT:
+        kwargs = {**kwargs, "transport": transport}
+    return ld.ParameterServerStrategy(client, num_workers=workers, num_ps=1, **kwargs)
+
+
+def mlp(s, x, y):
+    """The 784-512-10 MLP under `s`, fitted on 8 batches (warm-up; binds the optimizer)."""
+    with s.scope():
+        model = ld.models.Sequential([
+            ld.layers.Dense(512, activation="relu", input_shape=(784,)),
+            ld.layers.Dense(10, activation="softmax")])
+        model.compile(loss="sparse_categorical_crossentropy",
+                      optimizer=ld.optimizers.SGD(0.01))
+    model.fit(x[:8 * BATCH], y[:8 * BATCH], batch_size=BATCH, verbose=0)
+    return model
+
+
+def _pull_push(weights, n: int) -> tuple[float, float]:
+    """On a worker: median ms of one pull of `weights` and one push of their gradients."""
+    ctx = ld.get_replica_context()
+    ids = [v._id for v in weights]
+    grads = {i: np.zeros_like(a) for i, a in ctx.pull(ids).items()}
+    pulls, pushes = [], []
+    for _ in range(n):
+        start = time.perf_counter()
+        ctx.pull(ids)
+        pulls.append(time.perf_counter() - start)
+        items = [(v._id, "gradient", grads[v._id], v.aggregation.name) for v in weights]
+        start = time.perf_counter()
+        ctx.push(items)
+        pushes.append(time.perf_counter() - start)
+    return statistics.median(pulls) * 1e3, statistics.median(pushes) * 1e3
+
+
+def pull_push_ms(client, transport: str, x, y, n: int = 300) -> tuple[float, float]:
+    with strategy(client, 1, {"mode": "async"}, transport) as s:
+        model = mlp(s, x, y)
+        return ld.ClusterCoordinator(s).schedule(_pull_push, args=(model.weights, n)).fetch()
+
+
+def updates_per_s(client, workers: int, kwargs: dict, x, y, transport: str = "auto"):
     """(updates/s of one epoch, its stats), on a fresh strategy after a warm-up."""
-    with ld.ParameterServerStrategy(client, num_workers=workers, num_ps=1, **kwargs) as s:
-        with s.scope():
-            model = ld.models.Sequential([
-                ld.layers.Dense(512, activation="relu", input_shape=(784,)),
-                ld.layers.Dense(10, activation="softmax")])
-            model.compile(loss="sparse_categorical_crossentropy",
-                          optimizer=ld.optimizers.SGD(0.01))
-        model.fit(x[:8 * BATCH], y[:8 * BATCH], batch_size=BATCH, verbose=0)  # warm-up
+    with strategy(client, workers, kwargs, transport) as s:
+        model = mlp(s, x, y)
         s.reset_stats()
         start = time.perf_counter()
         model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
@@ -60,31 +120,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="20 steps per configuration, one repetition")
+    parser.add_argument("--transport", choices=("auto", "tcp", "both"), default="auto",
+                        help="how workers reach the parameter server (both: paired rows)")
+    parser.add_argument("--only", default="", help="configurations whose label contains this")
+    parser.add_argument("--ops", action="store_true", help="time one pull and one push first")
     args = parser.parse_args()
     samples, reps = (20 * BATCH, 1) if args.quick else (100 * BATCH, 3)
+    transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
+    if not HAS_TRANSPORT:
+        transports = ["tcp"]
+    configs = [(f"{label} [{t}]" if len(transports) > 1 else label, w, kw, t)
+               for label, w, kw in CONFIGS if args.only in label for t in transports]
     rng = np.random.default_rng(0)
     x = rng.random((samples, 784), dtype=np.float32)
     y = rng.integers(0, 10, samples)
     info = machine()
-    before, start = _cpu_seconds(), time.perf_counter()
+    before, start = cpu_seconds(), time.perf_counter()
     cluster = start_local_cluster(5)  # one parameter server + up to 4 workers
     client = Client(cluster, direct_to_workers=True, set_as_default=False)
     try:
         # rounds interleave every configuration with its own numpy baseline, so the ratios
         # hold when other work on the machine comes and goes
-        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in CONFIGS}
+        for t in transports if args.ops else ():
+            for _ in range(reps):
+                pull, push = pull_push_ms(client, t, x, y)
+                print(f"pull + push of 1.6 MB over {t}: {pull:.3f} + {push:.3f} = "
+                      f"{pull + push:.3f} ms")
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, *_ in configs}
         bases, last = [], {}
         for _ in range(reps):
-            for label, workers, kwargs in CONFIGS:
-                base = numpy_steps_per_s(x, y, BATCH, 40)
-                rate, last[label] = updates_per_s(client, workers, kwargs, x, y)
+            for label, workers, kwargs, t in configs:
+                base = numpy_steps_per_s()
+                rate, last[label] = updates_per_s(client, workers, kwargs, x, y, t)
                 runs[label].append((rate, rate / base))
                 bases.append(base)
         print(f"{'configuration':<42}{'updates/s':>10}{'vs numpy':>9}{'torn reads':>16}"
               f"{'interleaved':>12}{'lost':>6}{'staleness mean/max':>20}{'dropped':>9}")
         print(f"{'numpy, one process (median)':<42}{statistics.median(bases):>10.1f}"
               f"{1:>8.2f}x")
-        for label, _, _ in CONFIGS:
+        for label, *_ in configs:
             rate = statistics.median(r for r, _ in runs[label])
             ratio = statistics.median(q for _, q in runs[label])
             st = last[label]

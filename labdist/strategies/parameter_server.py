@@ -22,6 +22,7 @@ from labdist.worker import context as worker_context
 from labdist.worker.ps.worker import WorkerStrategy
 
 MODES = ("async", "sync")
+TRANSPORTS = ("auto", "tcp")  # how workers reach parameter servers (worker/ps/shm_client.py)
 
 
 def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | None:
@@ -57,6 +58,9 @@ class ParameterServerStrategy(Strategy):
         (ParameterServerLostError), on every call the driver or a worker makes to it. A call
         still waiting (a sync barrier held up by a straggler) is never cut short while the PS
         answers a cheap liveness check; a frozen PS answers neither. math.inf: wait forever.
+    transport: "auto" (a worker on its parameter server's host pulls and pushes through
+        shared memory, with a Unix socket for the call; other workers, and every other call,
+        over Dask comms) or "tcp" (Dask comms only). What a call means is the same either way.
     """
 
     def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,
@@ -64,7 +68,7 @@ class ParameterServerStrategy(Strategy):
                  replicas_to_aggregate: int | None = None,
                  total_num_replicas: int | None = None, staleness_bound: int | None = None,
                  chunk_size: int = 65536, connect_timeout: float = 10.0,
-                 ps_timeout: float = 60.0, security: Any = None):
+                 ps_timeout: float = 60.0, transport: str = "auto", security: Any = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
         _count("num_workers", num_workers, 1)
@@ -93,6 +97,9 @@ class ParameterServerStrategy(Strategy):
                 or not ps_timeout > 0:
             raise ValueError(f"ps_timeout={ps_timeout!r} must be a positive number of seconds "
                              "(math.inf: wait forever)")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport={transport!r} is not supported; allowed: "
+                             f"{', '.join(TRANSPORTS)}")
         if num_workers is None and cluster is None:
             num_workers = total_num_replicas or 2
         group = ParameterServerGroup(cluster, num_workers, num_ps, float(connect_timeout),
@@ -102,7 +109,7 @@ class ParameterServerStrategy(Strategy):
                                                 total_num_replicas, replicas_to_aggregate)
             group.start({"mode": mode, "use_locking": use_locking, "chunk_size": chunk_size,
                          "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound,
-                         "ps_timeout": float(ps_timeout)})
+                         "ps_timeout": float(ps_timeout), "transport": transport})
         except BaseException:
             group.close()
             raise

@@ -109,14 +109,19 @@ class ChunkedValue:
         return self._snap[0]
 
     # -- reads: never a lock ----------------------------------------------------------------
-    def read(self) -> tuple[np.ndarray, int, bool]:
-        """(a copy of the value, updates whole in it, whether the copy may be torn).
+    def read(self, out: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
+        """(a copy of the value, updates whole in it, whether the copy may be torn); `out`:
+        copy into this array (a worker's shared-memory area) instead of a new one.
 
         tuple(list) is one C call under the GIL, so each stamp snapshot is consistent; the copy
         between them may overlap a writer, which then shows in the stamps."""
         data, stamps = self._snap
         before = tuple(stamps)
-        value = data.copy()
+        if out is None:
+            value = data.copy()
+        else:
+            np.copyto(out, data)
+            value = out
         after = tuple(stamps)
         started, finished = before[0::2], before[1::2]
         torn = before != after or started != finished or min(finished) != max(finished)

@@ -20,6 +20,7 @@ import numpy as np
 from labdist import aggregation
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
 from labdist.worker.ps.counters import StoreCounters
+from labdist.worker.ps.shm_server import ShmServer
 from labdist.worker.ps.ssp import StalenessBound
 from labdist.worker.ps.sync import (
     ACCEPTED,
@@ -56,6 +57,8 @@ class ParameterStore:
         bound = settings["staleness_bound"]
         self.ssp = StalenessBound(bound) if bound is not None and index == 0 else None
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"labdist-ps{index}")
+        self._shm: ShmServer | None = None  # made when a worker on this host first asks
+        self._closed = False
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -67,6 +70,10 @@ class ParameterStore:
             raise ValueError(f"variable #{var_id} is not on parameter server {self.index} "
                              "(created under another strategy, or that strategy was closed)"
                              ) from None
+
+    def specs(self, var_ids: list[int]) -> list[tuple[tuple[int, ...], np.dtype]]:
+        """(shape, dtype) of each variable: what a pull of them needs room for."""
+        return [(v.shape, v.dtype) for v in map(self._value, var_ids)]
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "index": self.index}
@@ -145,36 +152,57 @@ class ParameterStore:
         if self.ssp is not None:
             await self.ssp.leave(worker)
 
+    async def shm_probe(self) -> tuple[str, str, str] | None:
+        """What a worker on this host needs to reach this store over shared memory (socket
+        path, token file, token), or None where /dev/shm cannot serve (shm_server.py)."""
+        if self._shm is None and not self._closed:
+            self._shm = ShmServer.start(self, asyncio.get_running_loop())
+        return self._shm.probe if self._shm is not None else None
+
     async def close(self) -> None:
+        self._closed = True
+        if self._shm is not None:
+            self._shm.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the workers' calls -------------------------------------------------------------------
-    async def pull(self, worker: int, var_ids: list[int], step: int | None = None):
+    async def pull(self, worker: int, var_ids: list[int], step: int | None = None,
+                   outs: list[np.ndarray] | None = None):
         """(values, versions, step): copies of the variables, the updates whole in each (what a
         later push quotes as the read its gradient was computed from), and the global step
-        (sync: with `step`, wait for that step first — the barrier of step-bound work)."""
+        (sync: with `step`, wait for that step first — the barrier of step-bound work).
+        `outs`: copy into these arrays (the shared-memory path, shm_server.py)."""
         chunks = [self._value(v) for v in var_ids]
         if self.sync is None:
-            values, versions, torn = await self._read(chunks)
+            values, versions, torn = await self._read(chunks, outs)
             at = self.clock
         else:
             at = await self.sync.begin_read(step)
             if at is None:
                 return None  # released while waiting for its step: retry this work later
             try:
-                values, versions, torn = await self._read(chunks)
+                values, versions, torn = await self._read(chunks, outs)
             finally:
                 await self.sync.end_read()
         self.counters.read(len(var_ids), torn)
         return (dict(zip(var_ids, values, strict=True)),
                 dict(zip(var_ids, versions, strict=True)), at)
 
-    async def _read(self, chunks: list[ChunkedValue]):
+    def pull_now(self, worker: int, var_ids: list[int], outs: list[np.ndarray]):
+        """Async mode's `pull` on the calling thread (a shared-memory connection's): the same
+        lock-free read, clock and counters, without the event loop."""
+        values, versions, torn = _read_all([self._value(v) for v in var_ids], outs)
+        at = self.clock
+        self.counters.read(len(var_ids), torn)
+        return (dict(zip(var_ids, values, strict=True)),
+                dict(zip(var_ids, versions, strict=True)), at)
+
+    async def _read(self, chunks: list[ChunkedValue], outs: list[np.ndarray] | None = None):
         """Small reads on the event loop (a thread hop costs more than the copy), large ones
         on the pool; either way concurrent with updates, which run on the pool."""
         if sum(c.size for c in chunks) <= INLINE_READ_ELEMENTS:
-            return _read_all(chunks)
-        return await self._run(_read_all, chunks)
+            return _read_all(chunks, outs)
+        return await self._run(_read_all, chunks, outs)
 
     async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
                    basis: dict[int, int] | None = None, step: int | None = None,
@@ -207,6 +235,14 @@ class ParameterStore:
         values = await self._run(self._values_of, items) if want else None
         return {"status": verdict, "global_step": self.sync.global_step, "values": values,
                 "wait": wait}
+
+    def push_now(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
+                 basis: dict[int, int] | None = None, key: tuple | None = None,
+                 want: bool = False) -> dict:
+        """Async mode's `push` on the calling thread (a shared-memory connection's, one per
+        worker, as concurrent as the pool): the same checks and `_apply_async`."""
+        self._check(items)
+        return self._apply_async(worker, items, basis or {}, want, (worker, key))
 
     def _check(self, items) -> None:
         """Validate a whole push before applying any of it (nothing half done)."""
@@ -262,10 +298,11 @@ class ParameterStore:
         return {v: self.values[v].read()[0] for v, *_ in items}
 
 
-def _read_all(chunks: list[ChunkedValue]) -> tuple[list[np.ndarray], list[int], int]:
+def _read_all(chunks: list[ChunkedValue], outs: list[np.ndarray] | None = None
+              ) -> tuple[list[np.ndarray], list[int], int]:
     values, versions, torn = [], [], 0
-    for c in chunks:
-        value, version, was_torn = c.read()
+    for i, c in enumerate(chunks):
+        value, version, was_torn = c.read(None if outs is None else outs[i])
         values.append(value)
         versions.append(version)
         torn += was_torn

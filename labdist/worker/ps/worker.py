@@ -32,7 +32,8 @@ from labdist.input import InputContext
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
 from labdist.worker.context import ReplicaContext, enter
-from labdist.worker.ps.liveness import Unresponsive, watched_call
+from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
+from labdist.worker.ps.shm_client import ShmPaths
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
@@ -100,6 +101,8 @@ class ParameterServerWorker:
         self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
+        self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
+                             self._dask_calls, self._probe)
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "index": self.index}
@@ -127,8 +130,13 @@ class ParameterServerWorker:
         return await asyncio.wrap_future(
             self._pool.submit(self._run, fn_bytes, args, kwargs, key))
 
+    async def paths(self) -> dict[int, str]:
+        """How this worker reaches each parameter server it called: "shm" or "tcp"."""
+        return self._shm.paths()
+
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._shm.close()
         if self._rpc is not None:
             await self._rpc.close()
 
@@ -175,22 +183,38 @@ class ParameterServerWorker:
 
         return nest.map_structure(local, tree)
 
-    def call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
-        """Call parameter servers concurrently: (shard, method, args) each; raises
-        ParameterServerLostError naming a PS that cannot be reached, or that answered nothing
-        for `ps_timeout` seconds (worker/ps/liveness.py)."""
-        async def gather():
-            if self._rpc is None:
-                from distributed.core import ConnectionPool
+    async def _connect(self):
+        if self._rpc is None:
+            from distributed.core import ConnectionPool
 
-                self._rpc = await ConnectionPool(connection_args=self._connection_args,
-                                                 timeout=STORE_CONNECT_TIMEOUT_S)
+            self._rpc = await ConnectionPool(connection_args=self._connection_args,
+                                             timeout=STORE_CONNECT_TIMEOUT_S)
+        return self._rpc
+
+    def _dask_calls(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        """Each call's result or exception, over Dask comms, watched (liveness.py)."""
+        async def gather():
+            rpc = await self._connect()
             return await asyncio.gather(
-                *(watched_call(self._rpc, *self.stores[s], m, *a, timeout=self.ps_timeout)
+                *(watched_call(rpc, *self.stores[s], m, *a, timeout=self.ps_timeout)
                   for s, m, a in calls),
                 return_exceptions=True)
 
-        results = asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(gather(), self._loop).result()
+
+    def _probe(self, shard: int):
+        """A liveness check of parameter server `shard` (a concurrent Future)."""
+        async def ping():
+            return await remote.call(await self._connect(), *self.stores[shard], PING)
+
+        return asyncio.run_coroutine_threadsafe(ping(), self._loop)
+
+    def call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        """Call parameter servers concurrently: (shard, method, args) each; raises
+        ParameterServerLostError naming a PS that cannot be reached, or that answered nothing
+        for `ps_timeout` seconds (worker/ps/liveness.py). A PS on this host is reached over
+        shared memory (shm_client.py)."""
+        results = self._shm.call_all(calls, self.ps_timeout)
         for (shard, _, _), r in zip(calls, results, strict=True):
             where = f"parameter server {shard} (worker {self.stores[shard][0]})"
             if isinstance(r, Unresponsive):
