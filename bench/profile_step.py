@@ -100,9 +100,9 @@ CALLS = "spans timed per step (driver + one replica)"
 
 # -- worker-side hooks (pickled by value; _spans is importable there once bench/ is on path) --
 def _hook_start(original):
-    def start(self, run_id, fn, args, kwargs):
+    def start(self, run_id, fn, args, kwargs, *rest):
         _spans.mark("in")
-        return original(self, run_id, _spans.spanned(fn, STEP_FN), args, kwargs)
+        return original(self, run_id, _spans.spanned(fn, STEP_FN), args, kwargs, *rest)
     return start
 
 

@@ -93,6 +93,16 @@ def test_the_k_steps_configuration_waits_for_the_api():
     assert bt.not_measured(bt.BY_KEY["loop_1"], pythons, k_steps=False) is None
 
 
+@pytest.mark.parametrize("key", ["fit_10", "loop_1", "loop_10"])
+def test_labdist_runners_train_for_real(key):
+    """labdist's own runners start a cluster in their own process and report a rate: a runner
+    whose API use rots (as loop_10 once passed a plain generator to steps=) fails here."""
+    settings = bt.Settings(rounds=1, passes=1, warmup=10, steps={64: 20, 256: 10}, timeout=120.0)
+    run = bt.run_one(bt.BY_KEY[key], sys.executable, 64, 0, settings)
+    assert run.error is None and run.steps_per_s > 0, run.error
+    assert run.info["transport"] == "shm"
+
+
 def _inner(n: int) -> int:
     return sum(range(n))
 

@@ -49,9 +49,15 @@ def has_k_steps(strategy) -> bool:
         return False
 
 
+def batch_step(batch):
+    """`train_step` on one (x, y) batch: what `steps=k` calls with each batch it takes."""
+    return train_step(*batch)
+
+
 def run_k_steps(strategy, iterator, k: int):
-    """k steps in one call, as labdist spells it (TF's idiom is a loop inside tf.function)."""
-    return strategy.run(train_step, args=(iterator,), steps=k)
+    """k steps in one call, as labdist spells it (TF's idiom is a loop inside tf.function):
+    `iterator` is a distributed dataset's iterator, whose batches each step takes in turn."""
+    return strategy.run(batch_step, args=(iterator,), steps=k)
 
 
 def fit_runner(strategy, x, y, args):
@@ -85,9 +91,10 @@ def loop_runner(strategy, x, y, args):
         if k == 1:
             for bx, by in batches:
                 strategy.run(train_step, args=(bx, by))
-        else:
+        else:  # one pass over the dataset holds exactly --steps batches
+            iterator = iter(dataset)
             for _ in range(steps // k):
-                run_k_steps(strategy, batches, k)
+                run_k_steps(strategy, iterator, k)
 
     return run
 
