@@ -68,6 +68,8 @@ CONFIGS = (
            "labdist_train.py", ("--mode", "loop")),
     Config("loop_10", "labdist custom loop, 10 steps per call", "labdist", "labdist_train.py",
            ("--mode", "loop", "--steps-per-call", "10")),
+    Config("loop_assign_1", "labdist custom loop, all_reduce + assign_sub", "labdist",
+           "labdist_train.py", ("--mode", "loop", "--update", "assign")),
 )
 BY_KEY = {c.key: c for c in CONFIGS}
 

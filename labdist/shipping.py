@@ -88,10 +88,15 @@ def wire(value: Any) -> Any:
 # changed. cloudpickle pickles a function from `__main__` (or a closure) by value: its code, its
 # defaults, its closure cells and the globals it names (their values). `_capture` lists every
 # object whose identity decides those bytes; equal lists (element by element, `is`) mean equal
-# bytes. Where the function holds anything that can change in place (a list, a dict, an array,
-# an instance of the user's class), there is no cache: it is pickled on every call, as before.
+# bytes. Lists and dicts (up to MAX_ITEMS entries) are listed by their contents, so a change in
+# place shows; instances of classes registered with `register_state` by their `__dict__`. Where
+# the function holds anything else that can change in place (an array, an instance of the
+# user's class), there is no cache: it is pickled on every call, as before.
 
 _frozen_types: set[type] = set()
+_state_types: set[type] = set()
+MAX_ITEMS = 256  # a list or dict longer than this is not walked on every call: no cache
+_END = object()  # closes a container's contents in a snapshot
 _SCALARS = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis), range)
 
 
@@ -99,6 +104,12 @@ def register_frozen(cls: type) -> None:
     """Instances of `cls` pickle to a handle that never changes (a Variable's id, name, dtype,
     shape, synchronization and aggregation): a step function may hold them and stay cached."""
     _frozen_types.add(cls)
+
+
+def register_state(cls: type) -> None:
+    """Instances of `cls` (an importable class with no custom pickling) pickle as their class
+    and `__dict__`: a step function holding one (an optimizer) stays cached while that holds."""
+    _state_types.add(cls)
 
 
 try:  # cloudpickle's own rules for what it pickles by value; without them: no cache
@@ -127,6 +138,21 @@ def _capture(obj: Any, out: list, seen: set[int]) -> bool:
                   | enum.Enum):
         out.append(obj)
         return _by_reference(obj if not isinstance(obj, enum.Enum) else kind)
+    if kind is list or kind is dict or kind in _state_types:
+        out.append(obj)
+        if id(obj) in seen:
+            return True  # listed earlier in this snapshot
+        seen.add(id(obj))
+        if kind in _state_types:
+            ok = _by_reference(kind) and _capture_dict(obj.__dict__, out, seen)
+        elif len(obj) > MAX_ITEMS:
+            return False
+        elif kind is list:
+            ok = all(_capture(x, out, seen) for x in obj)
+        else:
+            ok = _capture_dict(obj, out, seen)
+        out.append(_END)
+        return ok
     if kind is functools.partial:
         out.append(obj)
         return (_capture(obj.func, out, seen) and _capture(obj.args, out, seen)

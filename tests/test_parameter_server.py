@@ -518,3 +518,18 @@ def test_set_worker_delay_checks_its_arguments(client):
         with pytest.raises(ValueError, match=r"seconds=-1"):
             s.set_worker_delay(0, -1)
         s.set_worker_delay(s.workers[1], 0.0)  # an address works too
+
+
+def test_apply_gradients_under_parameter_servers_names_what_to_use(client):
+    """The custom-loop optimizer call sums over mirrored replicas; a scheduled function has
+    none, so it is refused with what to use instead, and the variable is unchanged."""
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        with s.scope():
+            v = ld.Variable(np.ones(2, np.float32))
+        opt = ld.optimizers.SGD(0.1)
+        coordinator = ld.ClusterCoordinator(s)
+        result = coordinator.schedule(
+            lambda: opt.apply_gradients([(np.ones(2, np.float32), v)]))
+        with pytest.raises(RuntimeError, match="ParameterServerStrategy.*assign_sub"):
+            result.fetch()
+        np.testing.assert_array_equal(v.numpy(), [1, 1])

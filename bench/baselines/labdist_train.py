@@ -1,9 +1,12 @@
 """labdist on 2 replicas (MirroredStrategy, an embedded LocalCluster of 2 worker processes):
 `--mode fit` trains with `model.fit` (`--spe`: steps_per_execution); `--mode loop` is a user's
 custom loop in README style: variables made under the scope, a step function that computes
-its shard's gradients with labdist.training's building blocks, `ctx.all_reduce`s them and
-`assign_sub`s the step, and one `strategy.run` per step over
-`strategy.experimental_distribute_dataset`. With `--steps-per-call k` > 1 the loop uses
+its shard's gradients with labdist.training's building blocks and applies them with
+`optimizer.apply_gradients` (TF's idiom, as in tf_custom.py: one all-reduce that sums the
+gradients of losses scaled by the global batch), one `strategy.run` per step over
+`strategy.experimental_distribute_dataset`. `--update assign` is the older idiom instead:
+`ctx.all_reduce("MEAN", grads)`, then `v.assign_sub(lr * g)` on MEAN variables (each assign
+reduces its delta again). With `--steps-per-call k` > 1 the loop uses
 labdist's k-steps-per-call API when this labdist has one (see `run_k_steps`).
 
 Run: `python bench/baselines/labdist_train.py --mode fit --spe 10 --batch 64 --steps 300`.
@@ -22,6 +25,8 @@ from labdist.training import layers, losses
 
 NET = [layers.Dense(HIDDEN, activation="relu"), layers.Dense(CLASSES, activation="softmax")]
 VARIABLES: list = []  # [kernel 0, bias 0, kernel 1, bias 1], made under the strategy's scope
+OPTIMIZER = ld.optimizers.SGD(LEARNING_RATE)
+SETTINGS = {"global_batch": 0, "update": "apply"}  # set by loop_runner
 
 
 def train_step(x, y):
@@ -33,11 +38,16 @@ def train_step(x, y):
     p, cache1 = NET[1].forward(xp, {"kernel": k1, "bias": b1}, h)
     loss, _ = losses.get("sparse_categorical_crossentropy")(xp, y, p)
     dz = losses.fused_softmax_grad(xp, y, p)  # d (this shard's mean loss) / d logits
+    if SETTINGS["update"] == "apply":  # the loss over the global batch, as TF scales it
+        dz *= len(x) / SETTINGS["global_batch"]
     dh, g1 = NET[1].backward_linear(xp, {"kernel": k1, "bias": b1}, cache1[0], dz)
     _, g0 = NET[0].backward(xp, {"kernel": k0, "bias": b0}, cache0, dh, input_grad=False)
-    grads = ctx.all_reduce("MEAN", [g0["kernel"], g0["bias"], g1["kernel"], g1["bias"]])
-    for v, g in zip(VARIABLES, grads, strict=True):
-        v.assign_sub(LEARNING_RATE * g)  # every copy takes the same step
+    grads = [g0["kernel"], g0["bias"], g1["kernel"], g1["bias"]]
+    if SETTINGS["update"] == "apply":
+        OPTIMIZER.apply_gradients(zip(grads, VARIABLES, strict=True))  # one summing all-reduce
+    else:
+        for v, g in zip(VARIABLES, ctx.all_reduce("MEAN", grads), strict=True):
+            v.assign_sub(LEARNING_RATE * g)  # every copy takes the same step
     return loss
 
 
@@ -81,6 +91,7 @@ def loop_runner(strategy, x, y, args):
         for layer, n_in in zip(NET, (x.shape[1], HIDDEN), strict=True):
             for name, value in layer.build(n_in, rng).items():
                 VARIABLES.append(ld.Variable(value, aggregation="MEAN", name=name))
+    SETTINGS.update(global_batch=args.batch, update=args.update)
     k = args.steps_per_call
     if k > 1 and not has_k_steps(strategy):
         fail(f"not measured: this labdist's strategy.run has no steps= (k = {k} per call)")
@@ -104,6 +115,8 @@ def main() -> None:
         p.add_argument("--mode", choices=("fit", "loop"), required=True)
         p.add_argument("--spe", type=int, default=1, help="fit's steps_per_execution")
         p.add_argument("--steps-per-call", type=int, default=1, help="loop: k steps per call")
+        p.add_argument("--update", choices=("apply", "assign"), default="apply",
+                       help="loop: optimizer.apply_gradients, or all_reduce + assign_sub")
 
     args = parse(__doc__.splitlines()[0], extra)
     unit = max(args.spe, args.steps_per_call)  # steps per call

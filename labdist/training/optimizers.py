@@ -2,14 +2,20 @@
 
 `slots(param)` makes the optimizer's state for a parameter (host arrays, stored by the model);
 `apply(xp, param, grad, slots, step)` updates `param` and `slots` in place; `step` counts
-updates from 1.
+updates from 1. In a custom loop, `build(variables)` and `apply_gradients(grads_and_vars)` are
+TensorFlow's calls (custom_loop.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+
+from labdist import shipping
+from labdist.training import custom_loop
 
 
 def _positive(name: str, value) -> float:
@@ -24,11 +30,31 @@ def _fraction(name: str, value) -> float:
     return float(value)
 
 
-class SGD:
+class Optimizer:
+    """What every optimizer shares: TensorFlow's custom-loop calls. `slot_variables` and
+    `iterations` are the state `build` makes (empty under `fit`, which keeps its own)."""
+
+    def __init__(self):
+        self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
+        self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
+
+    def build(self, variables: Iterable[Any]) -> None:
+        """Under `strategy.scope()`: make the state (slot variables, step count) that
+        `apply_gradients` keeps for `variables`; needed by every optimizer but plain SGD."""
+        custom_loop.build(self, variables)
+
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
+        """Inside `strategy.run`: sum each gradient over the replicas (one all-reduce, as
+        TensorFlow) and apply this optimizer's step to every replica's copy."""
+        custom_loop.apply_gradients(self, grads_and_vars)
+
+
+class SGD(Optimizer):
     """v = momentum * v - lr * g; w += v (Nesterov: w += momentum * v - lr * g)."""
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0,
                  nesterov: bool = False):
+        super().__init__()
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.momentum = _fraction("momentum", momentum)
         self.nesterov = bool(nesterov)
@@ -47,11 +73,12 @@ class SGD:
         param += (self.momentum * v - lr * grad) if self.nesterov else v
 
 
-class Adagrad:
+class Adagrad(Optimizer):
     """acc += g^2; w -= lr * g / (sqrt(acc) + epsilon)."""
 
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
                  epsilon: float = 1e-7):
+        super().__init__()
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.initial_accumulator_value = float(initial_accumulator_value)
         self.epsilon = _positive("epsilon", epsilon)
@@ -65,11 +92,12 @@ class Adagrad:
         param -= self.learning_rate * grad / (xp.sqrt(acc) + self.epsilon)
 
 
-class Adam:
+class Adam(Optimizer):
     """Keras' Adam: m, v moving averages; bias correction folded into the step size."""
 
     def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7):
+        super().__init__()
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.beta_1 = _fraction("beta_1", beta_1)
         self.beta_2 = _fraction("beta_2", beta_2)
@@ -88,6 +116,8 @@ class Adam:
 
 
 OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+for _cls in OPTIMIZERS.values():  # a step holding an optimizer is pickled again only on change
+    shipping.register_state(_cls)
 
 
 def get(optimizer) -> SGD | Adagrad | Adam:

@@ -1,0 +1,124 @@
+"""`optimizer.apply_gradients` inside `strategy.run`: TensorFlow's custom-loop update, done
+the way `fit` does it.
+
+A step that all-reduces its gradients and then calls `v.assign_sub` on MEAN variables
+exchanges twice: each assign's own aggregation reduces the (already identical) deltas again.
+`apply_gradients` does what TensorFlow's optimizer does in a replica context: one all-reduce
+that **sums** every gradient over the replicas (so scale each replica's loss by the global
+batch size, as `tf.nn.compute_average_loss` does), then the same optimizer step on every
+replica's copy, in place. The copies stay identical without another exchange. Optimizer state
+(momentum, Adam's moments) lives in slot variables, and the step count in `iterations`, that
+`optimizer.build(variables)` makes under the strategy's scope, as in Keras.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from labdist.enums import VariableSynchronization as Sync
+from labdist.worker.context import current
+
+WHAT = "optimizer.apply_gradients"
+
+
+def needs_slots(optimizer) -> bool:
+    """Whether `optimizer` keeps state per parameter (anything but plain SGD)."""
+    return bool(optimizer.slots(np.zeros(1, np.float32)))
+
+
+def build(optimizer, variables) -> None:
+    """On the driver, under the variables' strategy's scope: make the slot variables of each
+    variable not built yet, and the step count. Each replica keeps its own copy of them
+    (synchronization NONE): every replica applies the same summed gradients, so they agree."""
+    from labdist.variables import Variable
+
+    if current() is not None:
+        raise RuntimeError(f"{type(optimizer).__name__}.build(variables) makes variables: "
+                           "call it under strategy.scope() on the driver, before strategy.run")
+    variables = list(variables)
+    for v in variables:
+        if not isinstance(v, Variable):
+            raise TypeError(f"build(variables): {v!r} is not an ld.Variable")
+    if optimizer.iterations is None:
+        # as TF's: mirrored, ONLY_FIRST_REPLICA; every replica counts alike, so the driver
+        # reads it as any other variable
+        optimizer.iterations = Variable(np.zeros((), np.int64), trainable=False,
+                                        aggregation="ONLY_FIRST_REPLICA", name="iterations")
+    for v in variables:
+        if v._id not in optimizer.slot_variables:
+            optimizer.slot_variables[v._id] = {
+                s: Variable(a, synchronization="NONE", trainable=False, name=f"{v.name}/{s}")
+                for s, a in optimizer.slots(np.zeros(v.shape, v.dtype)).items()}
+
+
+def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
+    """The (gradient, variable) pairs to apply: None gradients skipped, as TensorFlow does;
+    anything else wrong is an error naming the variable, before anything changes."""
+    from labdist.variables import Variable
+
+    pairs = []
+    for i, pair in enumerate(grads_and_vars):
+        try:
+            g, v = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"grads_and_vars[{i}] must be a (gradient, variable) pair, got "
+                            f"{pair!r}") from None
+        if not isinstance(v, Variable):
+            raise TypeError(f"grads_and_vars[{i}]: {v!r} is not an ld.Variable")
+        if v._effective_sync is not Sync.ON_WRITE:
+            raise ValueError(f"apply_gradients updates mirrored variables (synchronization "
+                             f"AUTO or ON_WRITE); {v.name!r} is {v.synchronization.name}")
+        if g is None:
+            continue
+        if tuple(np.shape(g)) != v.shape:
+            raise ValueError(f"the gradient of {v.name!r} has shape {tuple(np.shape(g))}; the "
+                             f"variable's shape is {v.shape}")
+        if needs_slots(optimizer) and v._id not in optimizer.slot_variables:
+            raise RuntimeError(
+                f"{type(optimizer).__name__} keeps state for {v.name!r} but has none made: "
+                "call optimizer.build(variables) under strategy.scope() before strategy.run")
+        pairs.append((g, v))
+    if not pairs:
+        raise ValueError("apply_gradients: no gradients provided for any variable")
+    if len({v._id for _, v in pairs}) != len(pairs):
+        raise ValueError("apply_gradients: a variable appears twice in grads_and_vars")
+    return pairs
+
+
+def apply_gradients(optimizer, grads_and_vars) -> None:
+    """On a replica, inside `strategy.run`: sum the gradients over the replicas in one
+    all-reduce and apply `optimizer`'s step to this replica's copies (module doc)."""
+    ctx = current()
+    if ctx is None or ctx.mode != "replica":
+        raise RuntimeError(
+            "optimizer.apply_gradients runs inside strategy.run, on each replica (it sums the "
+            "replicas' gradients); outside a step use model.fit, or v.assign_sub")
+    from labdist.worker.ps.worker import WorkerContext
+
+    if isinstance(ctx, WorkerContext):
+        raise RuntimeError(
+            "optimizer.apply_gradients is for mirrored strategies; under "
+            "ParameterServerStrategy push updates with v.assign_sub (applied on the parameter "
+            "server), or train with model.fit")
+    pairs = _checked(optimizer, grads_and_vars)
+    xp = ctx.xp
+    step = 1
+    if optimizer.iterations is not None:
+        count = ctx.local_copy(optimizer.iterations)
+        count += 1
+        step = int(count)
+    params = [ctx.local_copy(v).reshape(-1) for _, v in pairs]
+    grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
+    slots = [{s: ctx.local_copy(sv).reshape(-1)
+              for s, sv in optimizer.slot_variables.get(v._id, {}).items()} for _, v in pairs]
+
+    def update(j, lo, hi, summed):
+        optimizer.apply(xp, params[j][lo:hi], summed,
+                        {s: a[lo:hi] for s, a in slots[j].items()}, step)
+
+    sharded = ctx.reduce_apply(WHAT, grads, params, update)
+    state = [a for d in slots for a in d.values()]
+    if sharded and state:  # each rank updated its own segment of the slots: make them whole
+        ctx.gather_segments(f"{WHAT}'s slots", state)
