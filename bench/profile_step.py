@@ -1,5 +1,5 @@
 """Where a training step's time goes: `fit` (steps_per_execution 1 and 10) and a README-style
-custom loop (`strategy.run` per step), MLP 784-512-10, global batch 64, 2 replicas.
+custom loop (`strategy.run` per step), MLP 784-512-10, global batch 64 (`--batch`), 2 replicas.
 
 Timing spans (bench/_spans.py) are patched into the driver and into both workers from outside
 labdist (`client.run`), only for the instrumented passes: labdist carries no profiling code,
@@ -49,7 +49,7 @@ L, C = "labdist.", "labdist.collectives."
 COMPUTE, GLUE, VARS = "compute: forward + backward", "collective: glue", "variables: read / assign"
 WORKER_SPANS = [
     (L + "worker.replica:Replica._step", "lane: unpickle request, start step"),
-    (L + "worker.replica:Replica._load", "lane: step fn (bytes check / unpickle)"),
+    (L + "worker.loaded:LoadedFunctions.load", "lane: step fn (cache lookup / unpickle)"),
     (L + "worker.lane:recv_message", "lane: socket recv"),
     (L + "worker.lane:send_message", "lane: socket send"),
     (L + "worker.replica:ReplicaCore.to_device", "step: args / results at the boundary"),
@@ -197,22 +197,22 @@ def plain(strategy, run, steps: int) -> tuple[float, list[float]]:
     return rate, [(after[w]["minflt"] - before[w]["minflt"]) / steps for w in after]
 
 
-def profile(steps: int, rounds: int, log=print) -> dict[str, Any]:
+def profile(steps: int, rounds: int, batch: int = BATCH, log=print) -> dict[str, Any]:
     import numpy as np
 
     import labdist as ld
 
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH * steps, 784), dtype=np.float32)
-    y = rng.integers(0, 10, BATCH * steps)
+    x = rng.random((batch * steps, 784), dtype=np.float32)
+    y = rng.integers(0, 10, batch * steps)
     results: dict[str, Any] = {m: {"plain": [], "instrumented": [], "rows": [], "faults": [],
                                    "notes": []} for m in MODES}
     with ld.MirroredStrategy(num_replicas=2) as strategy:
         strategy.client.run(_add_path, str(HERE))
         runs = {}
         for mode in MODES:
-            args = SimpleNamespace(batch=BATCH, spe=int(mode.split("_")[1]) if "fit" in mode
-                                   else 1, steps_per_call=1)
+            args = SimpleNamespace(batch=batch, spe=int(mode.split("_")[1]) if "fit" in mode
+                                   else 1, steps_per_call=1, update="apply")
             make = fit_runner if mode.startswith("fit") else loop_runner
             runs[mode] = make(strategy, x, y, args)
             runs[mode](20)  # warm-up: the step function reaches the replicas, areas grow
@@ -280,14 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="steps per pass (multiple of 10)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=BATCH, help="global batch of one step")
     parser.add_argument("--json", type=Path, metavar="PATH")
     args = parser.parse_args(argv)
     load, before, start = os.getloadavg(), cpu_seconds(), time.perf_counter()
-    results = profile(args.steps, args.rounds)
+    results = profile(args.steps, args.rounds, args.batch)
     seconds = time.perf_counter() - start
     others = cpu_account(before, seconds)["others_share"]
     summary = summarize(results)
-    print(f"labdist {git_revision()}; batch {BATCH}; {args.rounds} rounds of {args.steps} steps;"
+    print(f"labdist {git_revision()}; batch {args.batch}; {args.rounds} rounds of {args.steps} steps;"
           f" load average at start {load[0]:.2f}; other processes {others:.0%} of the CPUs")
     for mode, res in results.items():
         missing = sorted({m for n in res["notes"] for m in n["missing"]})

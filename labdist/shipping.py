@@ -131,8 +131,8 @@ def _capture(obj: Any, out: list, seen: set[int]) -> bool:
     if kind in _SCALARS or isinstance(obj, np.generic | np.dtype) or kind in _frozen_types:
         out.append(obj)
         return True
-    if kind is tuple or kind is frozenset:
-        out.append(obj)
+    if kind is tuple or kind is frozenset or (isinstance(obj, tuple) and _by_reference(kind)):
+        out.append(obj)  # a named tuple pickles as its class (by reference) and its items
         return all(_capture(x, out, seen) for x in obj)
     if isinstance(obj, types.ModuleType | type | types.BuiltinFunctionType | np.ufunc
                   | enum.Enum):

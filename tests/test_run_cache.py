@@ -200,3 +200,25 @@ def test_evicted_functions_are_dropped_on_the_replicas():
     assert dropped == [first]  # the replica is told, in the call that evicts it
     ref = sent.refs(fns[0], 1)[0]
     assert ref[0] == first and ref[1] is not None  # sent again, under the same key
+
+
+def test_layers_named_tuples_and_registered_state_are_listed_by_content():
+    """What a README-style step holds (labdist.training's layers, whose activation is a named
+    tuple, an optimizer) is cacheable, and any change to it shows in the snapshot."""
+    from labdist.training import layers
+
+    net = [layers.Dense(5, activation="relu"), layers.Dropout(0.5)]
+    opt = ld.optimizers.Adam(0.01)
+
+    def step():
+        return net, opt
+
+    first = shipping.snapshot(step)
+    assert first is not None and shipping.same(first, shipping.snapshot(step))
+    for change in (lambda: setattr(net[0], "units", 6), lambda: setattr(opt, "beta_1", 0.8),
+                   lambda: net.append(layers.Dense(2)), lambda: setattr(net[1], "rate", 0.1)):
+        before = shipping.snapshot(step)
+        change()
+        assert not shipping.same(before, shipping.snapshot(step))
+    net[0].cache = np.zeros(3)  # an array held anywhere: no cache at all
+    assert shipping.snapshot(step) is None

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import shipping
 from labdist.training import activations
 
 
@@ -87,3 +88,7 @@ class Dropout:
 
     def __repr__(self) -> str:
         return f"Dropout({self.rate})"
+
+
+for _cls in (Dense, Dropout):  # a step holding its layers is pickled again only on change
+    shipping.register_state(_cls)
