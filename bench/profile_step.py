@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     others = cpu_account(before, seconds)["others_share"]
     summary = summarize(results)
-    print(f"labdist {git_revision()}; batch {args.batch}; {args.rounds} rounds of {args.steps} steps;"
-          f" load average at start {load[0]:.2f}; other processes {others:.0%} of the CPUs")
+    print(f"labdist {git_revision()}; batch {args.batch}; {args.rounds} rounds of {args.steps} "
+          f"steps; load average at start {load[0]:.2f}; other processes {others:.0%} of the CPUs")
     for mode, res in results.items():
         missing = sorted({m for n in res["notes"] for m in n["missing"]})
         if missing:
