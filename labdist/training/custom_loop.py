@@ -58,7 +58,7 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
     anything else wrong is an error naming the variable, before anything changes."""
     from labdist.variables import Variable
 
-    pairs = []
+    pairs, stateful = [], needs_slots(optimizer)
     for i, pair in enumerate(grads_and_vars):
         try:
             g, v = pair
@@ -75,7 +75,7 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
         if tuple(np.shape(g)) != v.shape:
             raise ValueError(f"the gradient of {v.name!r} has shape {tuple(np.shape(g))}; the "
                              f"variable's shape is {v.shape}")
-        if needs_slots(optimizer) and v._id not in optimizer.slot_variables:
+        if stateful and v._id not in optimizer.slot_variables:
             raise RuntimeError(
                 f"{type(optimizer).__name__} keeps state for {v.name!r} but has none made: "
                 "call optimizer.build(variables) under strategy.scope() before strategy.run")
