@@ -38,7 +38,7 @@ def _bind(strategy, step) -> None:
     the weight with which slots (again whenever the model is recompiled, or a hyperparameter
     such as the learning rate changed: a LearningRateScheduler between epochs)."""
     weights, slots = step.variables(), step.slot_variables()
-    signature = (id(step.optimizer), tuple(sorted(vars(step.optimizer).items())),
+    signature = (id(step.optimizer), tuple(sorted(step.optimizer.hyperparameters().items())),
                  tuple(v._id for v in weights),
                  tuple(s._id for d in slots for s in d.values()))
     if signature in strategy._bound_steps:

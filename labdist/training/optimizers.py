@@ -38,6 +38,11 @@ class Optimizer:
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The numbers that decide an update (learning rate, momentum, ...), without the state
+        `build` made: what tells one configuration of an optimizer from another."""
+        return {k: v for k, v in vars(self).items() if k not in ("slot_variables", "iterations")}
+
     def build(self, variables: Iterable[Any]) -> None:
         """Under `strategy.scope()`: make the state (slot variables, step count) that
         `apply_gradients` keeps for `variables`; needed by every optimizer but plain SGD."""
