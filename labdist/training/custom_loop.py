@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from labdist.enums import VariableSynchronization as Sync
+from labdist.training.steps import apply_summed
 from labdist.worker.context import current
 
 WHAT = "optimizer.apply_gradients"
@@ -113,12 +114,7 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
               for s, sv in optimizer.slot_variables.get(v._id, {}).items()} for _, v in pairs]
-
-    def update(j, lo, hi, summed):
-        optimizer.apply(xp, params[j][lo:hi], summed,
-                        {s: a[lo:hi] for s, a in slots[j].items()}, step)
-
-    sharded = ctx.reduce_apply(WHAT, grads, params, update)
+    sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step)
     state = [a for d in slots for a in d.values()]
     if sharded and state:  # each rank updated its own segment of the slots: make them whole
         ctx.gather_segments(f"{WHAT}'s slots", state)

@@ -85,15 +85,9 @@ class TrainStep:
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
                                                 ctx.replica_id_in_sync_group, step, total)
 
-            def update(j, lo, hi, summed, step=step):
-                if j == len(names):  # the (loss sum, correct) pair rides along
-                    stats[lo:hi] = summed
-                    return
-                self.optimizer.apply(xp, flat_params[j][lo:hi], summed,
-                                     {s: a[lo:hi] for s, a in flat_slots[j].items()}, step)
-            sharded |= ctx.reduce_apply("the training step's gradients",
-                                        [grads[i][k] for i, k in names] + [local_stats],
-                                        [*flat_params, stats], update)
+            sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
+                                    [grads[i][k] for i, k in names], flat_params, flat_slots,
+                                    step, rider=(local_stats, stats))
             history[step - first_iteration - 1] = stats
         slots = [a for d in flat_slots for a in d.values()]
         if sharded and slots:  # each rank updated its own segment of the slots: make them whole
@@ -101,6 +95,27 @@ class TrainStep:
         host = ctx.backend.to_host(history)  # the one device -> host move of the group
         return [(float(loss_sum), float(correct) if self.metric else 0.0, total)
                 for (loss_sum, correct), total in zip(host.tolist(), totals, strict=True)]
+
+
+def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: list[dict],
+                 step: int, rider: tuple | None = None) -> bool:
+    """Sum `grads` over the replicas and apply `optimizer`'s step to `params` (flat, this
+    replica's copies) and their `slots`, segment by segment as the reduce-scatter hands them
+    out; `rider`: (array, target) summed along and stored (fit's loss and accuracy). Returns
+    whether the step was partitioned: the slots then need `ctx.gather_segments`, once the
+    caller's steps are done (each rank updated only its own segment of them)."""
+    xp, n = ctx.xp, len(params)
+
+    def update(j, lo, hi, summed):
+        if j == n:
+            rider[1][lo:hi] = summed
+            return
+        optimizer.apply(xp, params[j][lo:hi], summed,
+                        {s: a[lo:hi] for s, a in slots[j].items()}, step)
+
+    if rider is None:
+        return ctx.reduce_apply(what, grads, params, update)
+    return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update)
 
 
 def gradients(xp, layers, params, loss, x, y, rng, local, total):
