@@ -30,6 +30,12 @@ def split_sizes(batch_size: int, num_replicas: int) -> list[int]:
     return sizes
 
 
+def shard_bounds(batch_size: int, num_replicas: int) -> list[int]:
+    """Where each replica's shard of a batch starts and ends: replica r takes rows
+    `bounds[r]:bounds[r + 1]` (split_sizes' chunks, in order; 8 on 3 -> [0, 3, 6, 8])."""
+    return list(itertools.accumulate(split_sizes(batch_size, num_replicas), initial=0))
+
+
 def split_batch(batch: Any, num_replicas: int) -> Any:
     """One global batch (an array, or a tuple/dict of arrays sharing their leading size) as
     the same structure of PerReplica values."""
@@ -51,7 +57,7 @@ def split_batch(batch: Any, num_replicas: int) -> Any:
         )
     if num_replicas == 1:
         return batch
-    bounds = np.cumsum([0, *split_sizes(sizes.pop(), num_replicas)])
+    bounds = shard_bounds(sizes.pop(), num_replicas)
     # the batch's structure, with a PerReplica at each leaf (as tf.distribute yields them)
     return nest.unflatten(treedef, [
         PerReplica(a[bounds[r]:bounds[r + 1]] for r in range(num_replicas)) for a in arrays])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
 import labdist as ld
-from labdist.input import split_batch, split_sizes
+from labdist.input import shard_bounds, split_batch, split_sizes
 
 
 @pytest.mark.parametrize(("b", "n", "sizes"), [
@@ -19,6 +21,10 @@ def test_ceil_split_rule(b, n, sizes):
     parts = split_batch(np.arange(b), n)
     assert [len(p) for p in parts] == sizes
     assert_array_equal(np.concatenate(list(parts)), np.arange(b))  # in order, nothing lost
+    bounds = shard_bounds(b, n)  # what every caller slices shards with
+    assert bounds[0] == 0 and bounds[-1] == b and len(bounds) == n + 1
+    assert [hi - lo for lo, hi in itertools.pairwise(bounds)] == sizes
+    assert all(type(i) is int for i in bounds)  # plain ints: fit for slices and lists alike
 
 
 def test_tuples_and_dicts_split_together():

@@ -20,7 +20,7 @@ import numpy as np
 
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
-from labdist.input import split_sizes
+from labdist.input import shard_bounds
 from labdist.lab import steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
@@ -58,10 +58,6 @@ class StepRecord:
                 if n and np.isfinite(loss)]
         total = sum(n for _, n in used)
         return sum(loss * n for loss, n in used) / total if total else float("nan")
-
-
-def shard_bounds(batch_size: int, n: int) -> list[int]:
-    return np.cumsum([0, *split_sizes(batch_size, n)]).tolist()
 
 
 class MirroredBackend:

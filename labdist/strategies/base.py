@@ -30,7 +30,7 @@ from labdist.input import (
     DatasetsFromFunction,
     DistributedDataset,
     InputContext,
-    split_sizes,
+    shard_bounds,
 )
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs, uneven_pipelines
@@ -345,7 +345,7 @@ class Strategy:
         for group in groups:
             shards: list[list[tuple]] = [[] for _ in range(n)]
             for bx, by in group:
-                bounds = np.cumsum([0, *split_sizes(len(bx), n)])
+                bounds = shard_bounds(len(bx), n)
                 for r in range(n):
                     shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
             out = self.run(step, args=(shards[0] if n == 1 else PerReplica(shards),

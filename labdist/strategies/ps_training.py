@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from labdist.backend import NUMPY
-from labdist.input import split_sizes
+from labdist.input import shard_bounds
 from labdist.worker.context import current
 
 
@@ -78,7 +78,7 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
         iteration += len(group)
         shards: list[list] = [[] for _ in range(total)]
         for bx, by in group:
-            bounds = np.cumsum([0, *split_sizes(len(bx), total)])
+            bounds = shard_bounds(len(bx), total)
             for i in range(total):
                 shards[i].append((bx[bounds[i]:bounds[i + 1]], by[bounds[i]:bounds[i + 1]]))
         pending.append([coordinator.schedule(_sync_steps, args=(

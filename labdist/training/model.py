@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from labdist import context
-from labdist.input import Batches, split_sizes
+from labdist.input import Batches, shard_bounds
 from labdist.training import layers as layers_mod
 from labdist.training import losses, optimizers, saving
 from labdist.training.progress import ProgressBar, check_verbose
@@ -207,7 +207,7 @@ class Sequential:
 
     def _run_forward(self, bx, by) -> list:
         n = self._strategy.num_replicas_in_sync
-        bounds = np.cumsum([0, *split_sizes(len(bx), n)])
+        bounds = shard_bounds(len(bx), n)
         xs = [bx[bounds[r]:bounds[r + 1]] for r in range(n)]
         ys = None if by is None else [by[bounds[r]:bounds[r + 1]] for r in range(n)]
         out = self._strategy.run(forward_step, args=(
