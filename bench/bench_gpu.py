@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import labdist as ld
-from labdist import strict_cuda
-from labdist.backend import gpu_count, strict_backend
+from labdist.devices import get_backend, gpu_count
+from labdist.devices.strict import cuda as strict_cuda
 from labdist.training import layers, losses, optimizers
 from labdist.training.steps import DeviceRNG, gradients
 
@@ -121,17 +121,15 @@ def main() -> int:
     if args.double:
         device, most, sizes = "strict", args.gpus or 2, SIZES[:4]
         os.environ[strict_cuda.ENV_GPUS] = str(most)
-        backend = strict_backend()
+        backend = get_backend("strict")
         args.iters, args.steps = min(args.iters, 3), min(args.steps, 4)
     else:
         if gpu_count() == 0:
             print("bench_gpu: no GPU is visible (cupy + CUDA needed); nothing to measure. "
                   "Run with --double for a smoke test on CPU.", file=sys.stderr)
             return 2
-        from labdist.backend import cupy_backend
-
         device, most, sizes, backend = "gpu", min(args.gpus or gpu_count(), gpu_count()), \
-            SIZES, cupy_backend()
+            SIZES, get_backend("gpu")
     results: dict = {"device": device, "gpus": most, "allreduce": {}, "training": {}}
     alone = alone_steps_per_s(backend.xp, backend, args.steps)
     results["training"]["alone"] = alone

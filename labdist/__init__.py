@@ -1,13 +1,13 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
 from labdist import datasets, lab
-from labdist.backend import to_host
 from labdist.context import (
     get_replica_context,
     get_strategy,
     has_strategy,
     in_cross_replica_context,
 )
+from labdist.devices import to_host
 from labdist.enums import ReduceOp, VariableAggregation, VariableSynchronization
 from labdist.errors import (
     ClusterConnectionError,

@@ -304,7 +304,7 @@ def _initial_host(initial_value: Any, dtype: Any) -> np.ndarray:
         initial_value = initial_value()
     if isinstance(initial_value, Variable):
         initial_value = initial_value.numpy()
-    from labdist.backend import to_host
+    from labdist.devices import to_host
 
     initial_value = to_host(initial_value)
     if dtype is not None:

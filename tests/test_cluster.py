@@ -24,7 +24,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import labdist as ld
-from labdist.backend import gpu_count
+from labdist.devices import gpu_count
 
 DASK = str(Path(sys.executable).parent / "dask")
 START_DEADLINE_S = 90.0

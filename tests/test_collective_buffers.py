@@ -14,11 +14,11 @@ import pytest
 
 import labdist as ld
 from labdist import aggregation
-from labdist.backend import NUMPY
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES, all_reduce, reduce_scatter_apply
 from labdist.collectives.transports import shm, shm_wake
 from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.loopback import LoopbackHub
+from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
 
 LARGE = DIRECT_MAX_BYTES // 4 + 1001  # float32 elements: segmented

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.backend import gpu_count
+from labdist.devices import gpu_count
 
 pytestmark = [
     pytest.mark.gpu,

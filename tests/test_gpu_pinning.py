@@ -1,7 +1,8 @@
 """The embedded cluster honours num_replicas and device: one worker per requested GPU, each
 started with CUDA_VISIBLE_DEVICES naming its own, the dashboard on 127.0.0.1, and too many
 replicas refused before anything starts. On CPU the GPU listing is faked at its boundary
-(`visible_gpus`); the cluster itself is real, and the test reads what its workers got."""
+(CUDA's GPUs as the cupy backend lists them); the cluster itself is real, and the test reads
+what its workers got."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from distributed import Client
 
 import labdist as ld
 from labdist.cluster import local
+from labdist.devices import cupy_gpu
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(90)]
 
 
 def fake_gpus(monkeypatch, listed: list[str]) -> None:
-    monkeypatch.setattr(local, "visible_gpus", lambda device="auto": list(listed))
+    monkeypatch.setattr(cupy_gpu, "cuda_gpus", lambda: list(listed))
 
 
 def test_more_replicas_than_gpus_is_refused_up_front(monkeypatch):

@@ -3,7 +3,8 @@
 Every import in labdist (module level or inside a function; not under TYPE_CHECKING) must go
 down the layers or stay in its layer, no module may import a private name from another
 package, worker-side code must import nothing driver-side, and no import circle may form.
-A failure names the offending import, file and line.
+And no module outside `labdist/devices/` asks which array backend it has: that is a question
+for the `Backend`. A failure names the offending import (or comparison), file and line.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cluster", ("labdist.cluster",)),
     ("worker", ("labdist.worker",)),
     ("collectives", ("labdist.collectives",)),
-    ("base", ("labdist.aggregation", "labdist.backend", "labdist.datasets", "labdist.enums",
+    ("base", ("labdist.aggregation", "labdist.datasets", "labdist.devices", "labdist.enums",
               "labdist.errors", "labdist.input", "labdist.nest", "labdist.shipping",
-              "labdist.strict_cuda", "labdist.strict_device", "labdist.strict_nccl",
               "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
@@ -161,6 +161,53 @@ def _cycles(found: list[Import], root: str) -> list[list[str]]:
     return cycles
 
 
+BACKEND_NAMES = {"numpy", "cupy", "strict"}  # Backend.name values
+DEVICE_ARRAY_CLASSES = {"StrictDeviceArray"}
+
+
+def backend_checks(root: Path = ROOT) -> list[str]:
+    """Code outside `labdist/devices/` that tells backends apart instead of asking its
+    Backend: a comparison (==, !=, in, match) with a backend name, or the double's array
+    class named (as a name, an attribute, an import or inside a string)."""
+    inside = f"{root.name}.devices"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        if module == inside or module.startswith(inside + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            where = f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare | ast.MatchValue):
+                operands = ([node.left, *node.comparators] if isinstance(node, ast.Compare)
+                            else [node.value])
+                names = sorted(_strings(operands) & BACKEND_NAMES)
+                if names:
+                    found.append(f"{where}: compares with the backend name(s) {names}")
+            named = (node.id if isinstance(node, ast.Name)
+                     else node.attr if isinstance(node, ast.Attribute)
+                     else node.value if isinstance(node, ast.Constant)
+                     and isinstance(node.value, str) else None)
+            if isinstance(node, ast.alias):
+                named = node.name
+            if named and any(c in named for c in DEVICE_ARRAY_CLASSES):
+                found.append(f"{where}: names the strict double's array class ({named!r})")
+    return found
+
+
+def _strings(operands: list[ast.expr]) -> set[str]:
+    """String constants among comparison operands, and inside tuple/list/set operands."""
+    out: set[str] = set()
+    for op in operands:
+        items = op.elts if isinstance(op, ast.Tuple | ast.List | ast.Set) else [op]
+        out |= {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+    return out
+
+
+def test_no_code_outside_devices_asks_which_backend_it_has():
+    broken = backend_checks()
+    assert not broken, "ask the Backend instead:\n" + "\n".join(broken)
+
+
 @pytest.mark.parametrize("rule", ["unlayered", "upward", "worker_side", "private", "cycles"])
 def test_the_package_keeps_its_layering(rule):
     broken = violations()[rule]
@@ -204,3 +251,21 @@ def test_the_checker_names_each_kind_of_offence(tmp_path):
                for c in found["cycles"])
     assert any("labdist.elsewhere is in no layer" in v for v in found["unlayered"])
     assert not any("training" in v for vs in found.values() for v in vs)  # TYPE_CHECKING only
+
+
+def test_the_backend_check_finds_each_way_of_asking(tmp_path):
+    root = _fake_package(tmp_path, {
+        "cluster/local.py": "def f(device):\n    return device == 'strict'\n",
+        "collectives/nccl.py": "def f(b):\n    return b.name in ('cupy', 'x')\n",
+        "worker/move.py": "def f(x):\n    return type(x).__name__ == 'StrictDeviceArray'\n",
+        "worker/kind.py": "def f(b):\n    match b.name:\n        case 'numpy':\n"
+                          "            return 1\n",
+        "strategies/a.py": "from labdist.devices.strict.array import StrictDeviceArray\n",
+        "devices/choice.py": "def f(device):\n    return device == 'strict'\n",  # its own
+        "training/fit.py": "def f(xs):\n    return list(zip(xs, xs, strict=True))\n",
+    })
+    found = "\n".join(backend_checks(root))
+    for where in ("cluster/local.py:2", "collectives/nccl.py:2", "worker/move.py:2",
+                  "worker/kind.py:3", "strategies/a.py:1"):
+        assert where in found, (where, found)
+    assert "devices" not in found and "training" not in found

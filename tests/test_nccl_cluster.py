@@ -1,5 +1,6 @@
 """The GPU path on CPU workers: strict replicas (the cupy double) pinned to pretend GPUs, one per
-worker process, all-reducing through the NCCL transport over the NCCL double (strict_nccl.py).
+worker process, all-reducing through the NCCL transport over the NCCL double
+(devices/strict/nccl.py).
 The code is the one a GPU runs (collectives/transports/nccl.py, the training step's device
 branch, the embedded cluster's pinning); only cupy and NCCL are doubles. Real GPUs:
 tests/test_gpu.py."""
@@ -16,9 +17,11 @@ import pytest
 from distributed import Client
 
 import labdist as ld
-from labdist import strict_cuda, strict_device, strict_nccl
 from labdist.cli.info import workers as info_workers
 from labdist.cluster.local import start_local_cluster
+from labdist.devices.strict import array as strict_device
+from labdist.devices.strict import cuda as strict_cuda
+from labdist.devices.strict import nccl as strict_nccl
 from labdist.enums import VariableAggregation
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]

@@ -1,6 +1,6 @@
-"""The NCCL double (labdist/strict_nccl.py) and the NCCL transport over it, in one process: ranks
-are threads (or, for a peer that dies, a child process), so every case runs in well under a
-second. The same transport on real worker processes is tests/test_nccl_cluster.py."""
+"""The NCCL double (labdist/devices/strict/nccl.py) and the NCCL transport over it, in one
+process: ranks are threads (or, for a peer that dies, a child process), so every case runs in
+well under a second. The same transport on real worker processes is tests/test_nccl_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from labdist import aggregation, strict_cuda, strict_nccl
-from labdist.backend import get_backend
+from labdist import aggregation
 from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.nccl import NcclTransport
+from labdist.devices import get_backend
+from labdist.devices.strict import cuda as strict_cuda
+from labdist.devices.strict import nccl as strict_nccl
+from labdist.devices.strict.array import host_transfers
 from labdist.errors import CollectiveTimeoutError
-from labdist.strict_device import host_transfers
 
 xp = get_backend("strict").xp
 nccl = xp.cuda.nccl
@@ -151,7 +153,7 @@ def test_calls_that_differ_never_complete_and_report_invalid_usage():
 
 PEER = """
 import sys, time
-from labdist import strict_nccl
+from labdist.devices.strict import nccl as strict_nccl
 uid = tuple(int(x) for x in sys.argv[1].split(","))
 comm = strict_nccl.NcclCommunicator(2, uid, 1)
 print("joined", flush=True)
@@ -247,7 +249,7 @@ def test_device_arrays_refuse_host_arrays_with_cupys_type_error():
 # -- the transport over the double ---------------------------------------------------------------
 def transports(world: int, timeout: float) -> list[NcclTransport]:
     peers = [f"w{r}" for r in range(world)]
-    made = [NcclTransport(Endpoint("g", r, peers, timeout, device="strict"))
+    made = [NcclTransport(Endpoint("g", r, peers, timeout, backend=get_backend("strict")))
             for r in range(world)]
     probes = [{"host": "h", "gpu": str(r)} for r in range(world)]
     uid = made[0].bootstrap(probes)
@@ -263,7 +265,7 @@ def transports(world: int, timeout: float) -> list[NcclTransport]:
 
 
 def test_the_transport_refuses_replicas_that_share_a_gpu():
-    made = [NcclTransport(Endpoint("g", r, ["a", "b", "c"], 5.0, device="strict"))
+    made = [NcclTransport(Endpoint("g", r, ["a", "b", "c"], 5.0, backend=get_backend("strict")))
             for r in range(3)]
     probes = [{"host": "h", "gpu": "0"}, {"host": "h", "gpu": "1"}, {"host": "h", "gpu": "0"}]
     assert made[0].bootstrap(probes) is None  # no id, no bootstrap thread

@@ -1,6 +1,6 @@
-"""The strict device double (labdist/strict_device.py): a numpy-backed stand-in for cupy whose
-arrays refuse to become host arrays implicitly, so host/device mix-ups fail on a laptop the way
-they fail on a GPU. First the double on its own, then through real strategies on it
+"""The strict device double (labdist/devices/strict/array.py): a numpy-backed stand-in for cupy
+whose arrays refuse to become host arrays implicitly, so host/device mix-ups fail on a laptop the
+way they fail on a GPU. First the double on its own, then through real strategies on it
 (docs/semantics.md §1: values returned to the driver are host numpy arrays, whatever the device).
 """
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.backend import get_backend, to_host
-from labdist.strict_device import StrictDeviceArray
+from labdist.devices import get_backend, to_host
+from labdist.devices.strict.array import StrictDeviceArray
 
 BACKEND = get_backend("strict")
 xp = BACKEND.xp

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from labdist.backend import get_backend, to_host
+from labdist.devices import get_backend, to_host
 from labdist.training import activations, layers, losses, optimizers
 
 RNG = np.random.default_rng(0)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from labdist import aggregation
-from labdist.backend import NUMPY
 from labdist.collectives import registry
 from labdist.collectives.algorithms import (
     DIRECT_MAX_BYTES,
@@ -20,6 +19,7 @@ from labdist.collectives.algorithms import (
 )
 from labdist.collectives.transports.base import DEVICE
 from labdist.collectives.transports.loopback import LoopbackHub
+from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 

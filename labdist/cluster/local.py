@@ -12,7 +12,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster, Security
 
-from labdist.backend import visible_gpus
+from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
@@ -22,8 +22,10 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     """An embedded cluster: one single-threaded worker process per replica. Replicas that
     compute on GPUs (`device` "gpu", "auto" where a GPU is seen, "strict" with pretend GPUs)
     get one each: worker i is started with CUDA_VISIBLE_DEVICES naming `gpus[i]` (default:
-    the GPUs visible here, backend.visible_gpus), through dask-cuda where it is installed."""
-    gpus = visible_gpus(device) if gpus is None else list(gpus)
+    the GPUs visible here, `pinning_backend(device).visible_gpus()`), through dask-cuda where
+    it is installed and the GPUs are CUDA's."""
+    pinning = pinning_backend(device)
+    gpus = pinning.visible_gpus() if gpus is None else list(gpus)
     if device == "gpu" and not gpus:
         raise ValueError("device='gpu' was requested but no GPU is visible (cupy + CUDA "
                          "needed); use device='auto' or 'cpu'")
@@ -36,7 +38,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,
                        silence_logs=logging.ERROR)
-        if gpus and device != "strict":
+        if gpus and pinning.real_gpus:
             with contextlib.suppress(ImportError):
                 from dask_cuda import LocalCUDACluster
 

@@ -9,13 +9,13 @@ import uuid
 from typing import Any
 
 from labdist import shipping
-from labdist.backend import visible_gpus
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.sent_functions import SentFunctions
 from labdist.cluster.step_channel import ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
+from labdist.devices import pinning_backend
 from labdist.errors import LabdistError, ReplicaLostError, ReplicaUnresponsiveError
 from labdist.worker import actor_call as remote
 from labdist.worker.replica import Replica, StepEvent
@@ -40,8 +40,8 @@ class DaskReplicaGroup(ActorGroup):
         self.steps: StepChannel | None = None
         self._functions = SentFunctions()  # which step functions each replica holds
         try:
-            self._connect(cluster, num_replicas or (len(visible_gpus(device)) or 2),
-                          connect_timeout, security, device)
+            self._connect(cluster, num_replicas or (len(pinning_backend(device).visible_gpus())
+                                                    or 2), connect_timeout, security, device)
             self.workers = self._pick_workers(num_replicas, connect_timeout)
             self.client.register_plugin(CollectivePlugin(), name=PLUGIN_NAME)
             futures = [self._start_actor(Replica, addr, f"labdist-replica-{self.group}-{rank}",

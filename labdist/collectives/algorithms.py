@@ -116,7 +116,7 @@ def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: 
     """
     flats = [a.reshape(-1) for a in arrays]
     nbytes = sum(a.nbytes for a in arrays)
-    if comm.world == 1 or backend.name != "numpy" or nbytes < DIRECT_MAX_BYTES:
+    if comm.world == 1 or backend.is_device or nbytes < DIRECT_MAX_BYTES:
         for i, summed in enumerate(all_reduce(comm, seq, kind, flats, ReduceOp.SUM, backend)):
             apply(i, 0, summed.size, summed)
         return False

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from labdist.backend import to_host
 from labdist.context import get_replica_context
+from labdist.devices import to_host
 
 
 def _summary(ctx, model, variables, x, y, lr, rank, skew) -> tuple[float, int, dict]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from labdist.backend import DEVICES
 from labdist.collectives import registry
+from labdist.devices import DEVICES
 from labdist.strategies.base import Strategy
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from labdist import context
-from labdist.backend import get_backend
 from labdist.collectives import Communicator
+from labdist.devices import get_backend
 from labdist.strategies.base import Strategy
 from labdist.worker.context import ReplicaContext
 from labdist.worker.replica import ReplicaCore

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from labdist.backend import NUMPY
+from labdist.devices import NUMPY
 from labdist.input import shard_bounds
 from labdist.worker.context import current
 

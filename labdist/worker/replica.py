@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from labdist import nest
-from labdist.backend import Backend, device_of, get_backend
+from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
@@ -208,7 +208,7 @@ class Replica:
         backend = get_backend(device)
         if len(peers) > 1:
             endpoint = Endpoint(group, rank, peers, timeout, worker,
-                                get_plugin(worker).mailbox(group), backend.name)
+                                get_plugin(worker).mailbox(group), backend)
             comm = Communicator(endpoint, registry.create(registry.FALLBACK, endpoint))
         else:
             comm = Communicator.local()
@@ -224,7 +224,7 @@ class Replica:
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
-                "rank": self.core.rank, "device": device_of(self.core.backend.name)}
+                "rank": self.core.rank, "device": self.core.backend.describe_device()}
 
     async def create(self, var_id: int, host: np.ndarray) -> None:
         self.core.create(var_id, host)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from labdist.devices import NUMPY, Backend
+
 if TYPE_CHECKING:
     from labdist.aggregation import Aggregation
-    from labdist.backend import Backend
     from labdist.collectives.mailbox import Mailbox
 
 HOST, DEVICE = "host", "device"  # layers: messages of every collective / device array data
@@ -30,7 +31,7 @@ class Endpoint:
     timeout: float  # seconds to wait for peers in one collective
     worker: Any = None  # the Dask worker (None in one process)
     mailbox: Mailbox | None = None  # where peers' messages and news of peers arrive
-    device: str = "numpy"  # the replica's backend name ("cupy" on a GPU)
+    backend: Backend = NUMPY  # what the replica computes with (its CUDA and NCCL, if any)
     # (message, category) for the driver, raised there when the step returns: the running
     # step's list (the replica context hands it over), so a warning reaches the step it is about
     warnings: list[tuple[str, type]] = field(default_factory=list)

@@ -1,5 +1,5 @@
-"""NCCL all-reduce between GPU replicas, through `cupy.cuda.nccl` (or, for the strict device,
-its CPU double, strict_nccl.py): the device transport.
+"""NCCL all-reduce between GPU replicas, through the replica backend's NCCL module
+(`cupy.cuda.nccl`, or the strict double's CPU stand-in): the device transport.
 
 Bootstrap: every rank's probe says which GPU it is on (host and PCI bus id); rank 0 alone makes
 the unique id (`bootstrap`, only when no two replicas share a GPU: NCCL would fail or hang),
@@ -23,6 +23,7 @@ import numpy as np
 
 from labdist.aggregation import Aggregation
 from labdist.collectives.transports.base import DEVICE, Endpoint
+from labdist.devices import Backend
 from labdist.errors import CollectiveTimeoutError, PeerAbortedError
 
 # numpy dtype -> the name of NCCL's data type constant in cupy.cuda.nccl
@@ -34,29 +35,9 @@ DTYPES = {
 REMOTE_ERROR = 6  # ncclRemoteError: a peer's process exited or its network failed
 
 
-def nccl_module(device: str = "cupy"):
-    """The NCCL binding for a replica computing with `device` (a backend name): cupy's, the
-    strict double's, or None where there is none (host replicas, no cupy or no NCCL)."""
-    if device == "strict":
-        from labdist import strict_nccl
-
-        return strict_nccl
-    if device != "cupy":
-        return None
-    try:
-        from cupy.cuda import nccl
-    except ImportError:
-        return None
-    return nccl if getattr(nccl, "available", True) else None
-
-
-def gpu_identity(device: str) -> dict[str, str]:
+def gpu_identity(backend: Backend) -> dict[str, str]:
     """Which GPU this process computes on: its host and the current device's PCI bus id."""
-    if device == "strict":
-        from labdist import strict_cuda as cuda
-    else:
-        from cupy import cuda
-    return {"host": socket.gethostname(), "gpu": cuda.Device().pci_bus_id}
+    return {"host": socket.gethostname(), "gpu": backend.cuda.Device().pci_bus_id}
 
 
 def shared_gpus(probes: list[dict]) -> list[int]:
@@ -84,7 +65,7 @@ class NcclTransport:
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
-        self._nccl = nccl_module(endpoint.device)
+        self._nccl = endpoint.backend.nccl  # None: this replica has no NCCL
         self.comm = None
         self.broken: str | None = None  # why the communicator was aborted
         self.run = 0
@@ -95,7 +76,7 @@ class NcclTransport:
         """Which GPU this replica is on, where it computes on one with NCCL at hand."""
         if self._nccl is None:
             return None
-        return gpu_identity(self.endpoint.device)
+        return gpu_identity(self.endpoint.backend)
 
     def bootstrap(self, probes: list[dict]) -> tuple | None:
         """On rank 0 only: the unique id every rank joins with; None (no id, no bootstrap
@@ -109,8 +90,8 @@ class NcclTransport:
         shared = shared_gpus(probes)
         if shared or unique_id is None:
             return bool(shared) and ep.rank not in shared
-        if ep.device == "strict" and len({p["host"] for p in probes}) > 1:
-            return False  # the double's sockets reach one host only
+        if not ep.backend.nccl_spans_hosts and len({p["host"] for p in probes}) > 1:
+            return False  # e.g. the double's sockets reach one host only
         try:
             self.comm = self._nccl.NcclCommunicator(ep.world, unique_id, ep.rank)
         except self._nccl.NcclError:
@@ -120,8 +101,8 @@ class NcclTransport:
     def start_run(self, run: int) -> None:
         self.run = run
 
-    def supports(self, backend, arrays: list[Any], agg: Aggregation) -> bool:
-        return backend.name == self.endpoint.device and supports(arrays, agg)
+    def supports(self, backend: Backend, arrays: list[Any], agg: Aggregation) -> bool:
+        return backend is self.endpoint.backend and supports(arrays, agg)
 
     def all_reduce(self, xp, arrays: list[Any], agg: Aggregation, seq: int = 0,
                    what: str = "all-reduce", states: list[str | None] | None = None

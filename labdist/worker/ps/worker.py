@@ -25,8 +25,8 @@ import cloudpickle
 import numpy as np
 
 from labdist import nest
-from labdist.backend import NUMPY
 from labdist.collectives import Communicator
+from labdist.devices import NUMPY
 from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.input import InputContext
 from labdist.shipping import picklable_error

@@ -4,8 +4,9 @@ implicitly, so host/device mix-ups fail on a laptop the way they fail on a GPU.
 Like cupy: `np.asarray(device_array)` raises TypeError, mixing a device array with a numpy
 array (or assigning one into a device array) raises TypeError, and only `to_host` (cupy's
 `.get()`) or `float()`/`.item()` move data; `host_transfers()` counts those moves, so a test can
-tell a step that syncs with the host every iteration. `xp.cuda` is strict_cuda.py (streams,
-events, devices, and its `nccl`: the NCCL double); `x.data.ptr` is a device pointer it accepts.
+tell a step that syncs with the host every iteration. `xp.cuda` is cuda.py (streams, events,
+devices, and its `nccl`: the NCCL double of nccl.py); `x.data.ptr` is a device pointer it
+accepts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from labdist import strict_cuda, strict_nccl
+from labdist.devices.strict import cuda as strict_cuda
+from labdist.devices.strict import nccl as strict_nccl
 
 _transfers = [0]  # device -> host moves in this process (float(), .item(), .get(), to_host)
 
@@ -38,7 +40,7 @@ class StrictDeviceArray(NDArrayOperatorsMixin):
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
             "Implicit conversion of a device array to a host numpy array is not allowed; "
-            "use labdist.backend.to_host(x) (cupy: x.get())"
+            "use labdist.to_host(x) (cupy: x.get())"
         )
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -161,7 +163,7 @@ def _device_leaves(x: Any) -> Any:
 
 
 class _Cuda:
-    """`xp.cuda`: strict_cuda.py's names (Stream, Event, Device, runtime, ...) plus `nccl`."""
+    """`xp.cuda`: cuda.py's names (Stream, Event, Device, runtime, ...) plus `nccl`."""
 
     nccl = strict_nccl
 
@@ -172,7 +174,7 @@ class _Cuda:
 class StrictNumpy:
     """The `xp` module of the double: numpy's functions, taking and giving device arrays."""
 
-    __name__ = "labdist.strict_device"
+    __name__ = "labdist.devices.strict.array"
     ndarray = StrictDeviceArray
     cuda = _Cuda()
 

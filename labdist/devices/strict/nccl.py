@@ -9,7 +9,7 @@ waiting forever (unless aborted); a peer that dies shows as `check_async_error()
 ncclRemoteError while its peers still wait; calls whose counts, dtypes or ops differ never
 complete and report ncclInvalidUsage there; `destroy()` waits for queued collectives (use
 `abort()` to give up on them). Buffers are device pointers of the strict double
-(`x.data.ptr`, see strict_cuda.py).
+(`x.data.ptr`, see cuda.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import strict_cuda
+from labdist.devices.strict import cuda as strict_cuda
 
 available = True
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = range(5)

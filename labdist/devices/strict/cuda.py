@@ -1,6 +1,6 @@
 """The strict double's `xp.cuda`: the parts of `cupy.cuda` labdist uses (streams, events,
-devices, the runtime's device listing; strict_device.py adds `nccl`, the NCCL double of
-strict_nccl.py), so the code behind `xp.cuda` runs on a machine without a GPU.
+devices, the runtime's device listing; array.py adds `nccl`, the NCCL double of
+nccl.py), so the code behind `xp.cuda` runs on a machine without a GPU.
 
 Work on the double's device is synchronous (numpy) except NCCL collectives, which are queued
 on a stream as on a GPU: `Stream.synchronize()` / `Event.synchronize()` block until they
