@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 
 import labdist as ld
 from labdist.devices import NUMPY, Backend, get_backend, gpu_count, pinning_backend, to_host
+from labdist.devices.cupy_gpu import CupyBackend
 from labdist.devices.strict import cuda as strict_cuda
 
 STRICT = get_backend("strict")
@@ -80,3 +82,56 @@ def test_importing_labdist_loads_neither_cupy_nor_the_double():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": root}, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- the cupy backend, over a fake cupy (this machine may have no GPU: the one mock allowed) ----
+def fake_cupy(monkeypatch, gpus: int, nccl_available: bool | None) -> types.ModuleType:
+    """A `cupy` with `gpus` devices; `cupy.cuda.nccl` importable unless nccl_available is None."""
+    cupy = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+
+    class ndarray:  # cupy's name
+        def __init__(self, host):
+            self.host = np.asarray(host)
+
+        def get(self):
+            return self.host.copy()
+
+    class Device:
+        def __init__(self, device=None):
+            self.id, self.pci_bus_id = 0, "0000:41:00.0"
+
+    cupy.ndarray, cupy.asarray, cupy.cuda = ndarray, lambda x, dtype=None: ndarray(x), cuda
+    cuda.Device = Device
+    cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    if nccl_available is not None:
+        cuda.nccl = types.SimpleNamespace(available=nccl_available)
+    return cupy
+
+
+def test_the_cupy_backend_answers_from_cupy(monkeypatch):
+    cupy = fake_cupy(monkeypatch, gpus=2, nccl_available=True)
+    gpu = CupyBackend()
+    assert gpu.is_device and gpu.real_gpus and gpu.nccl_spans_hosts
+    assert gpu.xp is cupy and gpu.cuda is cupy.cuda and gpu.nccl is cupy.cuda.nccl
+    d = gpu.to_device([1.0, 2.0])
+    assert gpu.is_array(d) and not STRICT.is_array(d) and not gpu.is_array(np.ones(2))
+    assert gpu.to_host(d).tolist() == [1.0, 2.0] and to_host(d).tolist() == [1.0, 2.0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+    assert gpu.describe_device() == "GPU 0 (PCI 0000:41:00.0, CUDA_VISIBLE_DEVICES=5,7,9)"
+    assert gpu.visible_gpus() == ["5", "7"]  # CUDA's entries, as many as it counts
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu.visible_gpus() == ["0", "1"] and gpu_count() == 2
+
+
+@pytest.mark.parametrize("nccl_available", [False, None])
+def test_the_cupy_backend_without_nccl_offers_none(monkeypatch, nccl_available):
+    fake_cupy(monkeypatch, gpus=1, nccl_available=nccl_available)
+    assert CupyBackend().nccl is None  # the NCCL transport's probe then says "cannot run here"
+
+
+def test_no_cupy_means_no_cupy_arrays_and_no_import(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    assert not CupyBackend().is_array(np.ones(2)) and "cupy" not in sys.modules
