@@ -24,9 +24,11 @@ class Ending(enum.Enum):
 
 @dataclass(frozen=True)
 class Outcome:
-    """One scheduled function's ending. PS_LOST names the parameter server (`ps_index`, None
-    when the worker could not tell), how long it was silent (`silent_s`: None when it refused
-    or dropped the connection rather than answering nothing) and the worker's `message`."""
+    """One scheduled function's ending. A worker's PS_LOST names the parameter server
+    (`ps_index`, None when the worker could not tell), how long it was silent (`silent_s`:
+    None when it refused or dropped the connection rather than answering nothing) and the
+    worker's `message`; the coordinator turns it into a PS_LOST whose `value` is the error
+    the driver raises."""
 
     ending: Ending
     value: Any = None
