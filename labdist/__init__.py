@@ -23,12 +23,11 @@ from labdist.errors import (
 )
 from labdist.input import InputContext, batches
 from labdist.lab import Lab
+from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
-    ClusterCoordinator,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
-    ParameterServerStrategy,
     Strategy,
 )
 from labdist.training import callbacks, layers, losses, optimizers

@@ -23,7 +23,7 @@ _default_factory: list[Callable[[], Strategy]] = []
 
 
 def register(strategy: Strategy) -> None:
-    _strategies[strategy._id] = strategy
+    _strategies[strategy.id] = strategy
 
 
 def lookup(strategy_id: str) -> Strategy:
@@ -74,6 +74,11 @@ def default_strategy() -> Strategy:
     return _default[0]
 
 
+def is_default(strategy: Strategy) -> bool:
+    """Whether `strategy` is the default strategy (made by `default_strategy()`)."""
+    return bool(_default) and _default[0] is strategy
+
+
 def scoped_strategy() -> Strategy | None:
     stack = _stack()
     return stack[-1] if stack else None
@@ -106,4 +111,4 @@ def get_replica_context() -> ReplicaContext | None:
         return ctx if ctx.mode == "replica" else None
     if scoped_strategy() is not None:
         return None
-    return default_strategy()._default_replica_context()
+    return default_strategy().default_replica_context()

@@ -110,6 +110,11 @@ class DistributedIterator:
         """Up to `count` next elements, on the driver (fewer where the input ends)."""
         return list(itertools.islice(self, count))
 
+    @property
+    def pipelines(self) -> list[Any] | None:
+        """The per-replica input pipelines (`distribute_datasets_from_function`), else None."""
+        return self._pipelines
+
     def movable_pipelines(self) -> list[Any] | None:
         """The per-replica pipelines, if they may move to the replicas: never drawn from here,
         re-iterable (an iterator's position is shared with this process) and picklable."""

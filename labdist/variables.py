@@ -60,14 +60,14 @@ class Variable(NDArrayOperatorsMixin):
             raise TypeError(f"trainable={trainable!r} must be True, False or None")
         strategy = context.get_strategy()
         self._id = next(_ids)
-        self._strategy_id = strategy._id
+        self._strategy_id = strategy.id
         self._name = name or "Variable"
         self._dtype = host.dtype
         self._shape = host.shape
         self._sync = sync
         self._agg = agg
         self._trainable = trainable
-        strategy._create_variable(self._id, host)
+        strategy.extended.create_copies(self._id, host)
 
     # -- identity -------------------------------------------------------------------------------
     name = property(lambda self: self._name)
@@ -76,6 +76,17 @@ class Variable(NDArrayOperatorsMixin):
     synchronization = property(lambda self: self._sync)
     aggregation = property(lambda self: self._agg)
     trainable = property(lambda self: self._trainable)
+
+    @property
+    def id(self) -> int:
+        """Unique in this driver process: what replicas and parameter servers key this
+        variable's copies by."""
+        return self._id
+
+    @property
+    def strategy_id(self) -> str:
+        """The `id` of the strategy holding its copies."""
+        return self._strategy_id
 
     @property
     def _effective_sync(self) -> VariableSynchronization:
@@ -155,8 +166,8 @@ class Variable(NDArrayOperatorsMixin):
         if ctx is not None:
             return ctx
         strategy = context.lookup(self._strategy_id)
-        if strategy._is_default and context.scoped_strategy() is None:
-            return strategy._default_replica_context()
+        if context.is_default(strategy) and context.scoped_strategy() is None:
+            return strategy.default_replica_context()
         return None
 
     # -- replica context (runs on the replica's worker) --------------------------------------
@@ -216,13 +227,13 @@ class Variable(NDArrayOperatorsMixin):
                 "strategy.experimental_local_results(v) to see every copy"
             )
         if sync is Sync.ON_WRITE or agg is Agg.ONLY_FIRST_REPLICA:
-            return strategy._read_variable(self._id, [0])[0]
+            return strategy.extended.read_copies(self._id, [0])[0]
         if agg is Agg.NONE:
             raise ValueError(
                 f"Variable {self._name!r} (ON_READ, aggregation NONE) has no cross-replica "
                 "value; read it inside strategy.run, or use experimental_local_results(v)"
             )
-        copies = strategy._read_variable(self._id, range(strategy.num_replicas_in_sync))
+        copies = strategy.extended.read_copies(self._id, range(strategy.num_replicas_in_sync))
         return table.of(agg).combine(copies)
 
     def _cross_update(self, mode: str, value: Any) -> Any:
@@ -241,16 +252,27 @@ class Variable(NDArrayOperatorsMixin):
             share = np.trunc(arr / n) if arr.dtype.kind in "iu" else arr / n  # ints truncate
             arr = np.asarray(share).astype(self._dtype)
         if sync is Sync.NONE:
-            strategy._write_variable(self._id, mode, arr, want=())
+            strategy.extended.write_copies(self._id, mode, arr, want=())
             return None
         if mode == "assign":
-            strategy._write_variable(self._id, mode, arr, want=())
+            strategy.extended.write_copies(self._id, mode, arr, want=())
             return arr * n if (sync is Sync.ON_READ and agg is Agg.SUM) else arr.copy()
         want = [0] if (sync is Sync.ON_WRITE or agg is Agg.ONLY_FIRST_REPLICA) else range(n)
-        copies = strategy._write_variable(self._id, mode, arr, want=want)
+        copies = strategy.extended.write_copies(self._id, mode, arr, want=want)
         return copies[0] if len(copies) == 1 else table.of(agg).combine(copies)
 
     # -- validation ---------------------------------------------------------------------------
+    def prepare_update(self, mode: str, value: Any, backend) -> Any:
+        """What `assign*(value)` (`mode`) writes on a replica whose arrays are `backend`'s:
+        `value` checked against this variable's dtype and shape (the errors name both), cast
+        to its dtype. A parameter-server worker pushes it."""
+        return self._prepare(value, backend, mode, on_device=True)[0]
+
+    def check_assignable(self, value: Any, what: str = "assign") -> None:
+        """Raise the error `assign(value)` would (a dtype of another kind, another shape)
+        without writing anything: a caller writing several variables checks them all first."""
+        self._check_spec(what, value, np.asarray(value).dtype, np.shape(value))
+
     def _prepare(self, value: Any, backend, mode: str, on_device: bool) -> tuple[Any, bool]:
         """Check `value` against this variable; return (array of its dtype, is_constant)."""
         if isinstance(value, Variable):

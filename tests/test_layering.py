@@ -3,8 +3,10 @@
 Every import in labdist (module level or inside a function; not under TYPE_CHECKING) must go
 down the layers or stay in its layer, no module may import a private name from another
 package, worker-side code must import nothing driver-side, and no import circle may form.
-And no module outside `labdist/devices/` asks which array backend it has: that is a question
-for the `Backend`. A failure names the offending import (or comparison), file and line.
+No module may touch another package's private attributes either (`obj._name`; see
+`private_attributes`), and no module outside `labdist/devices/` asks which array backend it
+has: that is a question for the `Backend`. A failure names the offending import, access or
+comparison, file and line.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("ui", ("labdist.ui",)),
     ("lab", ("labdist.lab",)),
     ("training", ("labdist.training",)),
+    ("parameter_server", ("labdist.parameter_server",)),
     ("strategies", ("labdist.strategies", "labdist.variables", "labdist.context")),
     ("cluster", ("labdist.cluster",)),
     ("worker", ("labdist.worker",)),
@@ -36,6 +39,8 @@ WORKER_SIDE = ("worker", "collectives", "base")
 # The one sanctioned upward import: `Lab.show()` opens the UI lazily, so a headless lab
 # (CI, scripts) never needs ipywidgets.
 ALLOWED_UPWARD = {("labdist.lab.lab", "labdist.ui.panel")}
+# Underscored names another library documents as its public API: namedtuple's.
+DOCUMENTED_PRIVATE = {"_asdict", "_fields", "_make", "_replace"}
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,87 @@ def violations(root: Path = ROOT) -> dict[str, list[str]]:
             out["private"].append(f"{imp.where}: {imp.source} imports {', '.join(private)} "
                                   f"from {imp.target}")
     out["cycles"] = [" -> ".join(c) for c in _cycles(found, root.name)]
+    out["private_attributes"] = private_attributes(root)
+    return out
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_receiver(node: ast.expr) -> bool:
+    """`self`, `cls` or `super()`: the object's own attributes."""
+    return (isinstance(node, ast.Name) and node.id in ("self", "cls")) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id == "super")
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The private names a module defines: bound at module level or in a class body (methods,
+    class attributes, imports), or stored on `self` / `cls`."""
+    names: set[str] = set()
+
+    def bind(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(stmt.name)
+                if isinstance(stmt, ast.ClassDef):
+                    bind(stmt.body)
+            elif isinstance(stmt, ast.Import | ast.ImportFrom):
+                names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+            elif isinstance(stmt, ast.If | ast.Try | ast.With):
+                bind([*stmt.body, *getattr(stmt, "orelse", [])])
+            for target in getattr(stmt, "targets", [getattr(stmt, "target", None)]):
+                if target is not None:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+
+    bind(tree.body)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                and _own_receiver(node.value)):
+            names.add(node.attr)
+    return {n for n in names if _is_private(n)}
+
+
+def _touched(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of each private attribute of another object: `obj._name` read, written or
+    deleted, and `getattr` / `hasattr` / `setattr` / `delattr(obj, "_name")`."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _is_private(node.attr)
+                and not _own_receiver(node.value)):
+            found.append((node.lineno, node.attr))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+              and len(node.args) >= 2 and not _own_receiver(node.args[0])
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _is_private(node.args[1].value)):
+            found.append((node.lineno, node.args[1].value))
+    return found
+
+
+def private_attributes(root: Path = ROOT) -> list[str]:
+    """Where a module touches a private attribute no module of its own package defines.
+
+    The rule reads names, not types: `obj._name` is fine where some module of the accessing
+    package defines `_name` (a method or class attribute, `self._name = ...`, a module-level
+    name), and an offence otherwise: the object is another package's (or another library's,
+    save `DOCUMENTED_PRIVATE`). A name both packages define is not caught.
+    """
+    trees = {module_name(p, root): (p, ast.parse(p.read_text(), filename=str(p)))
+             for p in sorted(root.rglob("*.py"))}
+    defined: dict[str, set[str]] = {}
+    for module, (_, tree) in trees.items():
+        defined.setdefault(package_of(module), set()).update(_defined_names(tree))
+    out = []
+    for module, (path, tree) in trees.items():
+        own = defined[package_of(module)]
+        for line, name in _touched(tree):
+            if name in own or name in DOCUMENTED_PRIVATE:
+                continue
+            owners = sorted(p for p, names in defined.items() if name in names)
+            out.append(f"{path.relative_to(root.parent)}:{line}: {module} touches {name} of "
+                       + (", ".join(owners) if owners else "another library"))
     return out
 
 
@@ -208,7 +294,8 @@ def test_no_code_outside_devices_asks_which_backend_it_has():
     assert not broken, "ask the Backend instead:\n" + "\n".join(broken)
 
 
-@pytest.mark.parametrize("rule", ["unlayered", "upward", "worker_side", "private", "cycles"])
+@pytest.mark.parametrize("rule", ["unlayered", "upward", "worker_side", "private", "cycles",
+                                  "private_attributes"])
 def test_the_package_keeps_its_layering(rule):
     broken = violations()[rule]
     assert not broken, f"{rule}:\n" + "\n".join(broken)
@@ -269,3 +356,31 @@ def test_the_backend_check_finds_each_way_of_asking(tmp_path):
                   "worker/kind.py:3", "strategies/a.py:1"):
         assert where in found, (where, found)
     assert "devices" not in found and "training" not in found
+
+
+def test_the_checker_names_private_attributes_touched_across_packages(tmp_path):
+    """Another package's `obj._name` (read, written or by getattr) fails, naming the file, line
+    and the package that defines it; the object's own, its package's, and dunders do not."""
+    root = _fake_package(tmp_path, {
+        "cluster/group.py": "class Group:\n"
+                            "    _kind = 'ps'\n"
+                            "    def __init__(self):\n"
+                            "        self._placement = {}\n"
+                            "    def _move(self, other):\n"
+                            "        return other._placement, self._kind\n",
+        "cluster/user.py": "def f(group):\n    return group._move(group)\n",
+        "strategies/base.py": "def f(group, point):\n"
+                              "    a = group._placement\n"
+                              "    group._kind = 'x'\n"
+                              "    b = getattr(group, '_move')\n"
+                              "    return point._fields, group.__class__, os._exit\n",
+    })
+    found = private_attributes(root)
+    assert any("strategies/base.py:2:" in v and "_placement of labdist.cluster" in v
+               for v in found), found
+    assert any("strategies/base.py:3:" in v and "_kind" in v for v in found), found
+    assert any("strategies/base.py:4:" in v and "_move" in v for v in found), found
+    assert any("strategies/base.py:5:" in v and "_exit of another library" in v
+               for v in found), found
+    assert not any("cluster/" in v or "_fields" in v or "__class__" in v for v in found), found
+    assert len(found) == 4

@@ -63,6 +63,13 @@ def test_bad_arguments_are_refused_before_anything_starts(kwargs, match):
         ld.ParameterServerStrategy(**kwargs)
 
 
+def test_a_coordinator_needs_a_parameter_server_strategy():
+    with ld.OneDeviceStrategy("cpu") as one:
+        for strategy in (one, "ps"):
+            with pytest.raises(TypeError, match="is not a ParameterServerStrategy"):
+                ld.ClusterCoordinator(strategy)
+
+
 def test_sync_sizes_are_checked_against_the_workers_present(client):
     with pytest.raises(ValueError, match=r"total_num_replicas=4 but only 3 worker"):
         ld.ParameterServerStrategy(client, num_ps=1, mode="sync", total_num_replicas=4)
@@ -110,6 +117,7 @@ def test_async_updates_are_pushed_and_counted_per_worker(client):
             counter = ld.Variable(np.zeros(4, np.float32), name="counter")
         coordinator = ld.ClusterCoordinator(s)
         assert ld.ClusterCoordinator(s) is coordinator  # one per strategy, as in TF
+        assert s.cluster_coordinator() is coordinator
 
         def bump(k):
             ctx = ld.get_replica_context()
@@ -128,7 +136,7 @@ def test_async_updates_are_pushed_and_counted_per_worker(client):
         assert stats.updates_per_worker == {w: sum(r[0] == w for r in results) for w in workers}
         assert sum(stats.staleness.values()) == 30 and stats.torn_reads == 0
         assert stats.lost_updates == 0  # stale reads, but every assign_add landed
-        assert stats.global_step == 30
+        assert stats.global_step == s.global_step() == 30
         # every after is a value the counter really held, and includes the worker's own push
         assert all((a - b)[0] >= 1.0 for _, b, a in results)
 
@@ -390,6 +398,7 @@ def test_sync_join_applies_the_step_the_last_functions_do_not_fill(client):
         assert float(total.numpy()) == 10.0
         stats = s.stats()
         assert (stats.global_step, stats.updates, stats.dropped_stale) == (3, 5, 0)
+        assert s.global_step() == 3
         s.run(step, args=(10,))  # one function: a step of its own, nothing to wait for
         assert float(total.numpy()) == 20.0 and s.stats().global_step == 4
         for k in range(4):  # and steps pair up as before afterwards

@@ -16,7 +16,7 @@ def strategy_key(strategy: Any) -> tuple:
     """The RunConfig.strategy_key a strategy serves: ("ps_async" | "ps_sync", use_locking) for a
     parameter-server strategy, ("mirrored",) for anything else (check_strategy says whether
     the lab takes it)."""
-    from labdist.strategies import ParameterServerStrategy
+    from labdist.parameter_server import ParameterServerStrategy
 
     if isinstance(strategy, ParameterServerStrategy):
         return ("ps_" + strategy.mode, strategy.use_locking)
@@ -74,7 +74,7 @@ class StrategyPool:
 
             made = MirroredStrategy(num_replicas=self.num_replicas, cluster=client)
         else:
-            from labdist.strategies import ParameterServerStrategy
+            from labdist.parameter_server import ParameterServerStrategy
 
             made = ParameterServerStrategy(cluster=client, num_workers=self.num_replicas,
                                            num_ps=1, mode=key[0][3:], use_locking=key[1])

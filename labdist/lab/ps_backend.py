@@ -32,7 +32,7 @@ STATS_EVERY_S = 0.1  # how often the parameter servers' counters are fetched whi
 
 class ParameterServerBackend:
     def __init__(self, strategy, model: LabModel, spec: ParamSpec):
-        from labdist.strategies import ClusterCoordinator
+        from labdist.parameter_server import ClusterCoordinator
 
         self.strategy = strategy
         self.kind = "ps_" + strategy.mode

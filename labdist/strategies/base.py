@@ -45,8 +45,6 @@ _PY_SCALARS = (bool, int, float, complex)
 class Strategy:
     """The tf.distribute-shaped API over a replica group."""
 
-    _is_default = False
-
     def __init__(self, group):
         self._id = uuid.uuid4().hex
         self._group = group
@@ -67,6 +65,17 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         return self._group.num_replicas
+
+    @property
+    def id(self) -> str:
+        """A key unique to this strategy: its variables keep it (`Variable.strategy_id`) to
+        find it again (`context.lookup`)."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called: its replicas, and the variables' copies, are gone."""
+        return self._closed
 
     @contextlib.contextmanager
     def scope(self):
@@ -221,7 +230,7 @@ class Strategy:
                 x = x.values[rank]
                 if isinstance(x, _PY_SCALARS):  # a per-replica number is distributed: an array
                     x = np.asarray(x)
-            elif isinstance(x, Variable) and x._strategy_id != self._id:
+            elif isinstance(x, Variable) and x.strategy_id != self._id:
                 raise ValueError(
                     f"{what}: Variable {x.name!r} belongs to another strategy; create it "
                     "under this strategy's scope()")
@@ -243,7 +252,7 @@ class Strategy:
         for i in range(len(flat[0][0])):
             parts = [f[0][i] for f in flat]
             if isinstance(parts[0], Variable) and all(
-                    isinstance(p, Variable) and p._id == parts[0]._id for p in parts):
+                    isinstance(p, Variable) and p.id == parts[0].id for p in parts):
                 leaves.append(parts[0])
             elif constants and isinstance(parts[0], _PY_SCALARS) and all(
                     type(p) is type(parts[0]) and p == parts[0] for p in parts):
@@ -309,8 +318,9 @@ class Strategy:
         """One host value per replica: of a PerReplica, of a variable's copies, or (value,)."""
         self._check_open()
         if isinstance(value, Variable):
-            strategy = context.lookup(value._strategy_id)
-            return tuple(strategy._read_variable(value._id, range(strategy.num_replicas_in_sync)))
+            strategy = context.lookup(value.strategy_id)
+            return tuple(strategy.extended.read_copies(
+                value.id, range(strategy.num_replicas_in_sync)))
         if isinstance(value, PerReplica):
             return value.values
         leaves, _ = nest.flatten(value)
@@ -353,13 +363,6 @@ class Strategy:
             iteration += len(group)
             yield self.experimental_local_results(out)[0]
 
-    # -- variables (used by variables.py) -------------------------------------------------------
-    def _create_variable(self, var_id: int, host: np.ndarray) -> None:
-        self._check_open()
-        with self._replicas_lock():
-            self._group.create(var_id, host)
-            self._variable_ids.append(var_id)
-
     def refresh(self) -> bool:
         """Re-form on the cluster's workers if they changed (MultiWorkerMirroredStrategy);
         False: nothing to do. `fit` calls it before training."""
@@ -387,14 +390,3 @@ class Strategy:
         self._group = group.reform(num_replicas)
         for var_id, host in values.items():
             self._group.create(var_id, host)
-
-    def _read_variable(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
-        self._check_open()
-        with self._replicas_lock():
-            return self._group.read(var_id, list(ranks))
-
-    def _write_variable(self, var_id: int, mode: str, host: np.ndarray,
-                        want: Iterable[int]) -> list[np.ndarray]:
-        self._check_open()
-        with self._replicas_lock():
-            return self._group.write(var_id, mode, host, list(want))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
@@ -27,7 +29,7 @@ class StrategyExtended:
         s._check_open()
         if worker_context.current() is not None:
             raise RuntimeError("extended.update is a cross-replica call: use it in merge_call")
-        if not isinstance(var, Variable) or var._strategy_id != s._id:
+        if not isinstance(var, Variable) or var.strategy_id != s.id:
             raise ValueError(f"var={var!r} is not a variable of {s!r}")
         n = s.num_replicas_in_sync
         args_r = [s._select((var, *args), r, "args") for r in range(n)]
@@ -37,3 +39,28 @@ class StrategyExtended:
         if not group:
             return tuple(results)
         return s._regroup(results, "the update function's results")
+
+    # -- variable copies (what `Variable` reads and writes through) ------------------------------
+    def create_copies(self, var_id: int, host: np.ndarray) -> None:
+        """Give variable `var_id` a copy of `host` on every replica."""
+        s = self._strategy
+        s._check_open()
+        with s._replicas_lock():
+            s._group.create(var_id, host)
+            s._variable_ids.append(var_id)
+
+    def read_copies(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
+        """The copies of variable `var_id` held by `ranks`, as host arrays."""
+        s = self._strategy
+        s._check_open()
+        with s._replicas_lock():
+            return s._group.read(var_id, list(ranks))
+
+    def write_copies(self, var_id: int, mode: str, host: np.ndarray,
+                     want: Iterable[int]) -> list[np.ndarray]:
+        """Apply `mode` ("assign", "assign_add", "assign_sub") of `host` to every replica's
+        copy of `var_id`; returns the new copies of the ranks in `want`."""
+        s = self._strategy
+        s._check_open()
+        with s._replicas_lock():
+            return s._group.write(var_id, mode, host, list(want))

@@ -55,7 +55,7 @@ class Inputs:
                         "since (strategy.recover or a refresh); their positions are gone. Make "
                         "a new iterator of the dataset")
                 moved.append(key)
-                feeds = [PipelineFeed(key, None if r in holding else leaf._pipelines[r])
+                feeds = [PipelineFeed(key, None if r in holding else leaf.pipelines[r])
                          for r in range(n)]
             else:
                 elements = leaf.draw(steps)

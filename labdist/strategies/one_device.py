@@ -60,15 +60,15 @@ class OneDeviceStrategy(Strategy):
     def __init__(self, device: str = "auto"):
         super().__init__(LocalReplicaGroup(device))
 
-    def _default_replica_context(self) -> ReplicaContext:
+    def default_replica_context(self) -> ReplicaContext:
+        """The replica context code sees with no strategy in scope (TF's default replica
+        context): its one replica, here, with merge_call running in place."""
         return ReplicaContext(self._group.core, run_id=0,
                               merge_handler=lambda fn, args, kwargs: fn(self, *args, **kwargs))
 
 
 class DefaultStrategy(OneDeviceStrategy):
     """What variables and contexts use with no strategy in scope (host numpy, one replica)."""
-
-    _is_default = True
 
     def __init__(self):
         super().__init__(device="cpu")

@@ -48,8 +48,8 @@ def build(optimizer, variables) -> None:
         optimizer.iterations = Variable(np.zeros((), np.int64), trainable=False,
                                         aggregation="ONLY_FIRST_REPLICA", name="iterations")
     for v in variables:
-        if v._id not in optimizer.slot_variables:
-            optimizer.slot_variables[v._id] = {
+        if v.id not in optimizer.slot_variables:
+            optimizer.slot_variables[v.id] = {
                 s: Variable(a, synchronization="NONE", trainable=False, name=f"{v.name}/{s}")
                 for s, a in optimizer.slots(np.zeros(v.shape, v.dtype)).items()}
 
@@ -68,7 +68,7 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
                             f"{pair!r}") from None
         if not isinstance(v, Variable):
             raise TypeError(f"grads_and_vars[{i}]: {v!r} is not an ld.Variable")
-        if v._effective_sync is not Sync.ON_WRITE:
+        if v.synchronization not in (Sync.AUTO, Sync.ON_WRITE):
             raise ValueError(f"apply_gradients updates mirrored variables (synchronization "
                              f"AUTO or ON_WRITE); {v.name!r} is {v.synchronization.name}")
         if g is None:
@@ -76,14 +76,14 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
         if tuple(np.shape(g)) != v.shape:
             raise ValueError(f"the gradient of {v.name!r} has shape {tuple(np.shape(g))}; the "
                              f"variable's shape is {v.shape}")
-        if stateful and v._id not in optimizer.slot_variables:
+        if stateful and v.id not in optimizer.slot_variables:
             raise RuntimeError(
                 f"{type(optimizer).__name__} keeps state for {v.name!r} but has none made: "
                 "call optimizer.build(variables) under strategy.scope() before strategy.run")
         pairs.append((g, v))
     if not pairs:
         raise ValueError("apply_gradients: no gradients provided for any variable")
-    if len({v._id for _, v in pairs}) != len(pairs):
+    if len({v.id for _, v in pairs}) != len(pairs):
         raise ValueError("apply_gradients: a variable appears twice in grads_and_vars")
     return pairs
 
@@ -113,7 +113,7 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     params = [ctx.local_copy(v).reshape(-1) for _, v in pairs]
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
-              for s, sv in optimizer.slot_variables.get(v._id, {}).items()} for _, v in pairs]
+              for s, sv in optimizer.slot_variables.get(v.id, {}).items()} for _, v in pairs]
     sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step)
     state = [a for d in slots for a in d.values()]
     if sharded and state:  # each rank updated its own segment of the slots: make them whole

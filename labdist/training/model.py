@@ -237,7 +237,7 @@ class Sequential:
             raise ValueError(f"set_weights: got {len(weights)} arrays, the model has "
                              f"{len(variables)} weights")
         for v, w in zip(variables, weights, strict=True):
-            v._check_spec("set_weights", w, np.asarray(w).dtype, np.shape(w))
+            v.check_assignable(w, "set_weights")
         with self._strategy.scope():
             for v, w in zip(variables, weights, strict=True):
                 v.assign(np.asarray(w))

@@ -128,7 +128,7 @@ class ReplicaContext:
     def local_copy(self, variable) -> Any:
         """This replica's copy of `variable` itself (not a snapshot): in-place writes to it
         change the replica's value, which is how optimizer steps update weights."""
-        return self._replica.copy_of(variable._id, variable.name)
+        return self._replica.copy_of(variable.id, variable.name)
 
     def apply_update(self, variable, mode: str, value: Any, read_value: bool) -> Any:
         """`variable.assign*` inside a step: written into this replica's copy by the
@@ -139,10 +139,10 @@ class ReplicaContext:
 
     def is_diverged(self, variable) -> bool:
         """Whether `variable`'s copies were found to differ (ON_WRITE + aggregation NONE)."""
-        return variable._id in self._replica.diverged
+        return variable.id in self._replica.diverged
 
     def mark_diverged(self, variable) -> None:
-        self._replica.diverged.add(variable._id)
+        self._replica.diverged.add(variable.id)
 
     def next_seq(self) -> int:
         """The number of this replica's next collective in the step (the same on every

@@ -248,7 +248,7 @@ class _Channel:
             return value
         refs, versions, at = value
         values = {v: wire.view(self.area.bytes, ref).copy()
-                  for v, ref in zip(args[1], refs, strict=True)}
+                  for v, ref in zip(args[0], refs, strict=True)}
         return values, versions, at
 
     def _wait(self, timeout: float, probe: Callable[[], concurrent.futures.Future]) -> tuple:

@@ -155,15 +155,15 @@ class ShmServer:
     def _handle(self, method: str, args: tuple, mapping: area.Mapping | None) -> Any:
         store = self.store
         if method == "pull":
-            worker, var_ids, step = args
+            var_ids, step = args
             refs, need = wire.place(store.specs(var_ids))
             if mapping is None or need > mapping.size:
                 raise Grow(need)
             outs = [wire.view(mapping.bytes, r) for r in refs]
             if store.sync is None:
-                got = store.pull_now(worker, var_ids, outs)
+                got = store.pull_now(var_ids, outs)
             else:
-                got = self._on_loop(store.pull(worker, var_ids, step, outs))
+                got = self._on_loop(store.pull(var_ids, step, outs))
             return None if got is None else (refs, got[1], got[2])
         if method == "push":
             worker, items, basis, step, key, want, examples = args

@@ -166,7 +166,7 @@ class ParameterStore:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the workers' calls -------------------------------------------------------------------
-    async def pull(self, worker: int, var_ids: list[int], step: int | None = None,
+    async def pull(self, var_ids: list[int], step: int | None = None,
                    outs: list[np.ndarray] | None = None):
         """(values, versions, step): copies of the variables, the updates whole in each (what a
         later push quotes as the read its gradient was computed from), and the global step
@@ -188,7 +188,7 @@ class ParameterStore:
         return (dict(zip(var_ids, values, strict=True)),
                 dict(zip(var_ids, versions, strict=True)), at)
 
-    def pull_now(self, worker: int, var_ids: list[int], outs: list[np.ndarray]):
+    def pull_now(self, var_ids: list[int], outs: list[np.ndarray]):
         """Async mode's `pull` on the calling thread (a shared-memory connection's): the same
         lock-free read, clock and counters, without the event loop."""
         values, versions, torn = _read_all([self._value(v) for v in var_ids], outs)

@@ -33,6 +33,7 @@ from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
+from labdist.worker.ps.outcome import Ending, Outcome
 from labdist.worker.ps.shm_client import ShmPaths
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
@@ -121,10 +122,9 @@ class ParameterServerWorker:
         self.datasets[dataset_id] = fn(ctx) if takes_context else fn()
 
     async def run(self, fn_bytes: bytes, args: tuple, kwargs: dict, placement: dict | None,
-                  key: tuple) -> tuple:
-        """Run a scheduled function; returns ("ok", result), ("error", exception, traceback)
-        or ("ps_lost", message, PS index, seconds it was silent or None). Errors come back as
-        values: a raised one would look like this worker failing."""
+                  key: tuple) -> Outcome:
+        """Run a scheduled function; how it ended (OK, ERROR, RETRY or PS_LOST: outcome.py).
+        Errors come back as values: a raised one would look like this worker failing."""
         if placement is not None:
             self.placement = placement
         return await asyncio.wrap_future(
@@ -141,7 +141,7 @@ class ParameterServerWorker:
             await self._rpc.close()
 
     # -- on a function's thread -------------------------------------------------------------
-    def _run(self, fn_bytes, args, kwargs, key) -> tuple:
+    def _run(self, fn_bytes, args, kwargs, key) -> Outcome:
         ctx = WorkerContext(self, key)
         try:
             fn = self._load(fn_bytes)
@@ -152,17 +152,18 @@ class ParameterServerWorker:
                 result = fn(*args, **kwargs)
             ctx.flush()
             cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
-            return ("ok", result)
+            return Outcome.ok(result)
         except Retry:
-            return ("retry",)
+            return Outcome(Ending.RETRY)
         except ParameterServerLostError as e:
-            return ("ps_lost", str(e), getattr(e, "ps_index", None), getattr(e, "silent_s", None))
+            return Outcome(Ending.PS_LOST, message=str(e), ps_index=getattr(e, "ps_index", None),
+                           silent_s=getattr(e, "silent_s", None))
         except StopIteration:
             error = OutOfRangeError(f"a per-worker iterator on worker {self.index} is exhausted "
                                     "(its dataset has no more elements)")
-            return ("error", error, traceback.format_exc())
+            return Outcome.error(error, traceback.format_exc())
         except BaseException as e:  # the function's own error, reported to the driver
-            return ("error", picklable_error(e), traceback.format_exc())
+            return Outcome.error(picklable_error(e), traceback.format_exc())
 
     def _load(self, fn_bytes: bytes):
         if fn_bytes != self._fn[0]:
@@ -285,7 +286,7 @@ class WorkerContext(ReplicaContext):
         """Read variables from their parameter servers (one call per PS, concurrently); with
         `step` (sync), wait until the global step reaches it."""
         by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
-        calls = [(s, "pull", (self.worker_index, ids, step)) for s, ids in by_shard.items()]
+        calls = [(s, "pull", (ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
         replies = self._executor.call_all(calls)
         if None in replies:  # released from a step's barrier (a worker was lost): not yet
@@ -349,13 +350,13 @@ class WorkerContext(ReplicaContext):
         """`assign*` in a scheduled function: pushed to the variable's parameter server
         (async: applied on arrival; sync: sent with the function's other writes when it
         returns, one contribution per function)."""
-        arr, _ = var._prepare(value, NUMPY, mode, on_device=True)
-        item = (var._id, mode, np.array(arr, copy=True), var.aggregation.name)
+        arr = var.prepare_update(mode, value, NUMPY)
+        item = (var.id, mode, np.array(arr, copy=True), var.aggregation.name)
         if self._executor.sync:
             self._pending.append(item)  # pushed with the function's other writes at its end
             return None
         _, values = self.push([item], want=read_value)
-        return values.get(var._id) if read_value else None
+        return values.get(var.id) if read_value else None
 
     def flush(self) -> None:
         """Push the writes a sync-mode function buffered (called when it returns)."""

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from labdist.cluster.ps_group import ParameterServerGroup
+from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
+from labdist.parameter_server.fit import train_model_steps
+from labdist.parameter_server.stats import ParameterServerStats
 from labdist.strategies.base import Strategy
-from labdist.strategies.coordinator import ClusterCoordinator
-from labdist.strategies.ps_stats import ParameterServerStats
-from labdist.strategies.ps_training import train_model_steps
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
 from labdist.worker.ps.worker import WorkerStrategy
@@ -34,7 +34,7 @@ def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | 
     return value
 
 
-class ParameterServerStrategy(Strategy):
+class ParameterServerStrategy(Strategy, Coordinated):
     """Variables created in `scope()` live on `num_ps` ParameterStore actors (round-robin);
     functions run on the other workers through `ld.ClusterCoordinator(strategy)`, and
     `model.fit` works as well.
@@ -120,8 +120,8 @@ class ParameterServerStrategy(Strategy):
         self.total_num_replicas = total
         self.staleness_bound = staleness_bound
         self.ps_timeout = float(ps_timeout)
-        self._cluster_coordinator: ClusterCoordinator | None = None
-        self._bound_steps: set[tuple] = set()  # (optimizer, weights, slots) bound on the PSs
+        self._coordinator: ClusterCoordinator | None = None
+        self._bound: set[tuple] = set()  # (optimizer, weights, slots) bound on the PSs
         super().__init__(group)
 
     @staticmethod
@@ -167,9 +167,9 @@ class ParameterServerStrategy(Strategy):
 
     def parameter_server_of(self, variable: Variable) -> int:
         """Which parameter server holds `variable`."""
-        if not isinstance(variable, Variable) or variable._strategy_id != self._id:
+        if not isinstance(variable, Variable) or variable.strategy_id != self.id:
             raise ValueError(f"variable={variable!r} is not a variable of {self!r}")
-        return self._ps_group.placement[variable._id]
+        return self._ps_group.placement[variable.id]
 
     def __repr__(self) -> str:
         extra = (f", replicas_to_aggregate={self.replicas_to_aggregate}, total_num_replicas="
@@ -181,8 +181,18 @@ class ParameterServerStrategy(Strategy):
         return (WorkerStrategy, ())
 
     # -- running ------------------------------------------------------------------------------
-    def _coordinator(self) -> ClusterCoordinator:
-        return ClusterCoordinator(self)
+    def cluster_coordinator(self) -> ClusterCoordinator:
+        """This strategy's one ClusterCoordinator (what `ld.ClusterCoordinator(strategy)`
+        returns): made on first use, and again once the last one was closed."""
+        self._check_open()
+        if self._coordinator is None or self._coordinator.closed:
+            self._coordinator = ClusterCoordinator.start(self, self._ps_group)
+        return self._coordinator
+
+    def check_arguments(self, args: tuple, kwargs: dict | None) -> tuple[tuple, dict]:
+        """`args` and `kwargs` as the one replica a function runs on sees them (a PerReplica
+        value's component); a ValueError names a variable of another strategy."""
+        return self._select(tuple(args), 0, "args"), self._select(kwargs or {}, 0, "kwargs")
 
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Run `fn(*args, **kwargs)` once, on whichever worker is free, and return its result
@@ -193,21 +203,20 @@ class ParameterServerStrategy(Strategy):
             raise RuntimeError("strategy.run cannot be called inside a step function")
         if not isinstance(args, tuple | list):
             raise TypeError(f"args={args!r} must be a tuple of positional arguments")
-        args = self._select(tuple(args), 0, "args")
-        kwargs = self._select(kwargs or {}, 0, "kwargs")
-        return self._coordinator().schedule(fn, args, kwargs).fetch()
+        args, kwargs = self.check_arguments(args, kwargs)
+        return self.cluster_coordinator().schedule(fn, args, kwargs).fetch()
 
     def train_model_steps(self, step, groups, first_iteration: int):
         """`model.fit` on parameter servers (see `Strategy.train_model_steps`). Async: each
         group is one scheduled function that pulls, computes and pushes step after step;
         sync: each global batch is split over `total_num_replicas` functions whose gradients
-        meet at the barrier (ps_training.py)."""
+        meet at the barrier (parameter_server/fit.py)."""
         return train_model_steps(self, step, groups, first_iteration)
 
     # -- lab controls and figures -----------------------------------------------------------
     def stats(self) -> ParameterServerStats:
         """Staleness histogram, torn reads, lost updates, interleaved updates, updates per
-        worker, dropped stale gradients, global step and throughput (ps_stats.py)."""
+        worker, dropped stale gradients, global step and throughput (stats.py)."""
         self._check_open()
         shards = self._ps_group.store_call_all("stats")
         step = (shards[0]["global_step"] if self.mode == "sync"
@@ -240,21 +249,35 @@ class ParameterServerStrategy(Strategy):
         interleaving certain instead of likely)."""
         self._ps_group.store_call_all("set_chunk_delay", float(seconds))
 
-    def _global_step(self) -> int:
-        return self._ps_group.store_call(0, "global_step")
+    def global_step(self) -> int:
+        """Steps applied so far: sync mode's global step (every PS keeps the same), async
+        mode's largest count of updates on one PS."""
+        self._check_open()
+        if self.mode == "sync":
+            return self._ps_group.store_call(0, "global_step")
+        return max(self._ps_group.store_call_all("global_step"))
 
-    def _colocate(self, variable: Variable, with_variable: Variable) -> None:
+    def bind_optimizer(self, optimizer: Any, weights: list[Variable],
+                       slots: list[dict[str, Variable]]) -> None:
+        """Apply pushed gradients of each weight with `optimizer` on the weight's parameter
+        server, whose state is the weight's `slots` (moved next to it first). `model.fit` calls
+        it before training; it binds again only when something changed (a recompiled model, or
+        a hyperparameter such as the learning rate: a LearningRateScheduler between epochs)."""
+        self._check_open()
+        signature = (id(optimizer), tuple(sorted(optimizer.hyperparameters().items())),
+                     tuple(v.id for v in weights), tuple(s.id for d in slots for s in d.values()))
+        if signature in self._bound:
+            return
         group = self._ps_group
-        group.move(variable._id, group.placement[with_variable._id])
-
-    def _bind_optimizer(self, weight: Variable, optimizer, slots: dict[str, Variable]) -> None:
-        """Tell `weight`'s parameter server to apply pushed gradients with `optimizer`, whose
-        state lives in `slots` (on the same PS)."""
-        group = self._ps_group
-        group.store_call(group.placement[weight._id], "bind", weight._id, optimizer,
-                         {name: s._id for name, s in slots.items()})
+        for weight, state in zip(weights, slots, strict=True):
+            home = group.placement[weight.id]
+            for slot in state.values():
+                group.move(slot.id, home)
+            group.store_call(home, "bind", weight.id, optimizer,
+                             {name: s.id for name, s in state.items()})
+        self._bound.add(signature)
 
     def close(self) -> None:
-        if not self._closed and self._cluster_coordinator is not None:
-            self._cluster_coordinator.close()
+        if not self._closed and self._coordinator is not None:
+            self._coordinator.close()
         super().close()

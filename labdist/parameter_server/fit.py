@@ -21,33 +21,17 @@ import numpy as np
 
 from labdist.devices import NUMPY
 from labdist.input import shard_bounds
+from labdist.parameter_server.coordinator import ClusterCoordinator
 from labdist.worker.context import current
 
 
 def train_model_steps(strategy, step, groups: Iterable[list], first_iteration: int
                       ) -> Iterator[list[tuple]]:
     """See `ParameterServerStrategy.train_model_steps`."""
-    _bind(strategy, step)
+    strategy.bind_optimizer(step.optimizer, step.variables(), step.slot_variables())
     if strategy.mode == "async":
         return _async(strategy, step, groups, first_iteration)
     return _sync(strategy, step, groups, first_iteration)
-
-
-def _bind(strategy, step) -> None:
-    """Put each optimizer slot next to its weight and tell that PS which optimizer updates
-    the weight with which slots (again whenever the model is recompiled, or a hyperparameter
-    such as the learning rate changed: a LearningRateScheduler between epochs)."""
-    weights, slots = step.variables(), step.slot_variables()
-    signature = (id(step.optimizer), tuple(sorted(step.optimizer.hyperparameters().items())),
-                 tuple(v._id for v in weights),
-                 tuple(s._id for d in slots for s in d.values()))
-    if signature in strategy._bound_steps:
-        return
-    for v, d in zip(weights, slots, strict=True):
-        for s in d.values():
-            strategy._colocate(s, v)
-        strategy._bind_optimizer(v, step.optimizer, d)
-    strategy._bound_steps.add(signature)
 
 
 def _window(strategy) -> int:
@@ -55,7 +39,7 @@ def _window(strategy) -> int:
 
 
 def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
-    coordinator = strategy._coordinator()
+    coordinator = ClusterCoordinator(strategy)
     pending: deque = deque()
     for group in groups:
         pending.append(coordinator.schedule(_async_steps, args=(step, list(group), iteration)))
@@ -67,9 +51,9 @@ def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
 
 
 def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
-    coordinator = strategy._coordinator()
+    coordinator = ClusterCoordinator(strategy)
     total, needed = strategy.total_num_replicas, strategy.replicas_to_aggregate
-    global_step = strategy._global_step()
+    global_step = strategy.global_step()
     pending: deque = deque()
     for group in groups:
         steps = list(range(global_step, global_step + len(group)))
@@ -93,7 +77,7 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
 def _settle(values: list, needed: int) -> list[tuple]:
     """A group's per-step (loss sum, correct, n) over the shards whose gradients were used,
     as soon as `needed` functions came back with every gradient accepted (or all did)."""
-    futures = {v._future: v for v in values}
+    futures = {v.future: v for v in values}
     accepted: list[list] = []
     pending = set(futures)
     while pending and len(accepted) < needed:
@@ -118,11 +102,11 @@ def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     """Pull, compute the gradient of this batch's mean loss, push; (status, loss sum,
     correct, n)."""
     names = [(i, k, v) for i, w in enumerate(step.weights) for k, v in w.items()]
-    values = ctx.pull([v._id for _, _, v in names], step=global_step)
-    params = [{k: values[v._id] for k, v in w.items()} for w in step.weights]
+    values = ctx.pull([v.id for _, _, v in names], step=global_step)
+    params = [{k: values[v.id] for k, v in w.items()} for w in step.weights]
     local = len(x)
     grads, stats = step.gradients(np, NUMPY, params, x, y, rank, iteration + 1, max(local, 1))
-    items = [(v._id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
+    items = [(v.id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
     statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None,
                            examples=local)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]

@@ -40,6 +40,12 @@ class RemoteValue:
     def done(self) -> bool:
         return self._future.done()
 
+    @property
+    def future(self) -> concurrent.futures.Future:
+        """The future behind it, to wait on many at once (`concurrent.futures.wait`); unlike
+        `fetch`, waiting on it never applies a sync step that cannot fill up."""
+        return self._future
+
     def __repr__(self) -> str:
         return f"<RemoteValue {'ready' if self.done() else 'pending'}>"
 
@@ -54,6 +60,11 @@ class ScheduledFunction:
         self.seq = key[1]  # schedule order
         self.value = RemoteValue()
         self.attempts = 0
+
+    def dispatched(self, while_waiting: Callable[[], None] | None) -> None:
+        """A worker took it: from now on a `fetch` of its value calls `while_waiting` between
+        polls (sync mode: the coordinator's check for a step that can never fill)."""
+        self.value._while_waiting = while_waiting
 
     def set_result(self, result: Any) -> None:
         if not self.value._future.done():
@@ -73,8 +84,8 @@ class PerWorkerDataset:
     handle that is each worker's own iterator inside scheduled functions."""
 
     def __init__(self, dataset_id: str):
-        self._id = dataset_id
+        self.dataset_id = dataset_id
         self._iterators = itertools.count()
 
     def __iter__(self) -> PerWorkerIterator:
-        return PerWorkerIterator(self._id, next(self._iterators))
+        return PerWorkerIterator(self.dataset_id, next(self._iterators))

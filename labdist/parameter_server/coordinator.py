@@ -27,36 +27,55 @@ from typing import Any
 from labdist import nest, shipping
 from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.errors import ReplicaLostError
-from labdist.strategies.remote_values import (
+from labdist.parameter_server.remote_values import (
     PerWorkerDataset,
     RemoteValue,
     ScheduledFunction,
 )
 from labdist.worker import actor_call as remote
+from labdist.worker.ps.outcome import Ending, Outcome
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
+
+
+class Coordinated:
+    """What `ClusterCoordinator(strategy)` takes: a strategy whose functions run on
+    parameter-server workers. `ParameterServerStrategy` is one; it imports this module, so
+    this module names the role instead of importing the class. Besides these two methods a
+    coordinated strategy has `mode` ("async" or "sync") and `closed`."""
+
+    mode: str
+    closed: bool
+
+    def cluster_coordinator(self) -> ClusterCoordinator:
+        """The strategy's one coordinator: made with `ClusterCoordinator.start` on first use,
+        and again once the last one was closed."""
+        raise NotImplementedError
+
+    def check_arguments(self, args: tuple, kwargs: dict | None) -> tuple[tuple, dict]:
+        """Arguments as one worker sees them; raises on a variable of another strategy."""
+        raise NotImplementedError
 
 
 class ClusterCoordinator:
     """`ClusterCoordinator(strategy)`: one per strategy (a second call returns the first)."""
 
-    def __new__(cls, strategy):
-        # Only a ParameterServerStrategy has a PS group; that module imports this one, so
-        # the check is on the group it owns rather than an import of its class.
-        if not isinstance(getattr(strategy, "_ps_group", None), ParameterServerGroup):
+    def __new__(cls, strategy: Coordinated) -> ClusterCoordinator:
+        if not isinstance(strategy, Coordinated):
             raise TypeError(f"strategy={strategy!r} is not a ParameterServerStrategy")
-        strategy._check_open()
-        existing = strategy._cluster_coordinator
-        if existing is not None and not existing._closed:
-            return existing
+        return strategy.cluster_coordinator()
+
+    @classmethod
+    def start(cls, strategy: Coordinated, group: ParameterServerGroup) -> ClusterCoordinator:
+        """A new coordinator dispatching `strategy`'s functions over `group`'s workers (what
+        `strategy.cluster_coordinator()` calls; users call `ClusterCoordinator(strategy)`)."""
         self = super().__new__(cls)
-        self._setup(strategy)
-        strategy._cluster_coordinator = self
+        self._setup(strategy, group)
         return self
 
-    def _setup(self, strategy) -> None:
+    def _setup(self, strategy: Coordinated, group: ParameterServerGroup) -> None:
         self.strategy = strategy
-        self._group = strategy._ps_group
+        self._group = group
         self._cv = threading.Condition()
         self._queue: deque[ScheduledFunction] = deque()
         self._in_flight: dict[int, ScheduledFunction] = {}  # worker -> the function it runs
@@ -81,7 +100,7 @@ class ClusterCoordinator:
         self._check_open()
         shipping.check_call(fn, args, kwargs)
         self._raise_pending()
-        self.strategy._select((tuple(args), kwargs or {}), 0, "args")  # no foreign variables
+        self.strategy.check_arguments(tuple(args), kwargs)  # no foreign variables
         closure = ScheduledFunction(shipping.dumps(fn), tuple(args), dict(kwargs or {}),
                            ("closure", next(self._keys)))
         with self._cv:
@@ -141,6 +160,11 @@ class ClusterCoordinator:
         self._group.call_workers(alive, "make_dataset", dataset_id, fn_bytes)
         return PerWorkerDataset(dataset_id)
 
+    @property
+    def closed(self) -> bool:
+        """Whether it stopped dispatching (closed, or its strategy was)."""
+        return self._closed
+
     def close(self) -> None:
         """Stop dispatching (strategy.close() calls this): functions queued or running raise
         from fetch(), and schedule, join and create_per_worker_dataset raise from now on."""
@@ -154,7 +178,7 @@ class ClusterCoordinator:
     def _check_open(self) -> None:
         if not self._closed:
             return
-        if self.strategy._closed:
+        if self.strategy.closed:
             raise RuntimeError(
                 f"{self.strategy!r} is closed, and its ClusterCoordinator with it: nothing can "
                 "be scheduled or joined any more. Create a new strategy (restore the last "
@@ -218,7 +242,7 @@ class ClusterCoordinator:
                         return
                     closure = self._queue.popleft()
                     self._in_flight[w] = closure
-                    closure.value._while_waiting = self._unstall
+                    closure.dispatched(self._unstall)
             if report_idle:  # no work for this worker: it must not hold others back (SSP)
                 idle_reported = True
                 self._group.worker_idle(w)
@@ -230,49 +254,51 @@ class ClusterCoordinator:
     def _runnable(self, w: int) -> bool:
         return not self._closed and self._fatal is None and w in self._alive
 
-    def _execute(self, w: int, closure: ScheduledFunction) -> tuple:
+    def _execute(self, w: int, closure: ScheduledFunction) -> Outcome:
         version, placement = self._group.placement_for(w)
         coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
                                        closure.kwargs, placement, closure.key)
         future = asyncio.run_coroutine_threadsafe(coro, self._group.loop)
         while True:
             try:
-                reply = future.result(timeout=POLL_S)
+                outcome: Outcome = future.result(timeout=POLL_S)
             except concurrent.futures.TimeoutError:
                 lost = self._group.lost_store()
                 if lost is not None:
                     future.cancel()
-                    return ("ps_lost", self._group.ps_lost_error(lost))
+                    return Outcome(Ending.PS_LOST, self._group.ps_lost_error(lost))
                 if self._group.worker_lost(w):
                     future.cancel()
-                    return ("worker_lost",)
+                    return Outcome(Ending.WORKER_LOST)
                 if self._closed:
                     future.cancel()
-                    return ("closed",)
+                    return Outcome(Ending.CLOSED)
                 continue
             except remote.COMM_ERRORS:
-                return ("worker_lost",)
+                return Outcome(Ending.WORKER_LOST)
             except Exception as e:  # e.g. arguments that cannot be sent
-                return ("error", e, "")
+                return Outcome.error(e)
             self._group.placement_sent(w, version)  # the worker has it now
-            if reply[0] == "ps_lost":
-                _, message, shard, silent_s = reply
-                if silent_s is not None:  # the PS answered that worker nothing: frozen
-                    return ("ps_lost", self._group.silent_error(shard, silent_s, f"worker {w}"))
-                lost = self._group.lost_store()
-                return ("ps_lost", self._group.ps_lost_error(
-                    shard if lost is None else lost, message))
-            return reply
+            if outcome.ending is Ending.PS_LOST:  # the worker's word: make the driver's error
+                if outcome.silent_s is not None:  # the PS answered that worker nothing: frozen
+                    error = self._group.silent_error(outcome.ps_index, outcome.silent_s,
+                                                     f"worker {w}")
+                else:
+                    lost = self._group.lost_store()
+                    error = self._group.ps_lost_error(
+                        outcome.ps_index if lost is None else lost, outcome.message)
+                return Outcome(Ending.PS_LOST, error)
+            return outcome
 
-    def _finish(self, w: int, closure: ScheduledFunction, outcome: tuple) -> bool:
+    def _finish(self, w: int, closure: ScheduledFunction, outcome: Outcome) -> bool:
         """Settle one function's outcome; returns whether worker `w` keeps dispatching."""
-        kind = outcome[0]
-        if self._closed and kind not in ("ok", "error"):
-            kind = "closed"  # a lost PS or worker now is the closing cluster: do not retry
-        if kind == "worker_lost":
+        ending = outcome.ending
+        if self._closed and not outcome.finished:
+            ending = Ending.CLOSED  # a lost PS or worker now is the closing cluster: no retry
+        if ending is Ending.WORKER_LOST:
             self._lose_worker(w, closure)
             return False
-        if kind == "retry":  # released from a sync step's barrier: run it again later
+        if ending is Ending.RETRY:  # released from a sync step's barrier: run it again later
             with self._cv:
                 if self._error is None and self._runnable(w):
                     self._requeue(closure)
@@ -281,26 +307,25 @@ class ClusterCoordinator:
                 self._in_flight.pop(w, None)
                 self._cv.notify_all()
             return True
-        if kind == "ok":
-            closure.set_result(outcome[1])
-        elif kind == "error":
-            error = outcome[1]
+        if ending is Ending.OK:
+            closure.set_result(outcome.value)
+        elif ending is Ending.ERROR:
+            error = outcome.value
             error.add_note(f"raised by a scheduled function on worker {w} "
                            f"({self._group.worker_addresses[w]})"
-                           + (f"; worker traceback:\n{outcome[2]}" if outcome[2] else ""))
+                           + (f"; worker traceback:\n{outcome.traceback}"
+                              if outcome.traceback else ""))
             closure.set_error(error)
             self._fail(error)
-        elif kind == "ps_lost":
-            closure.set_error(outcome[1])
-            self._stop(outcome[1])
-        elif kind == "closed":
+        elif ending is Ending.PS_LOST:
+            closure.set_error(outcome.value)
+            self._stop(outcome.value)
+        else:  # CLOSED
             closure.set_error(self._unfinished_error())
-        else:
-            closure.cancel()
         with self._cv:
             self._in_flight.pop(w, None)
             self._cv.notify_all()
-        return kind in ("ok", "error")
+        return outcome.finished
 
     def _fail(self, error: BaseException) -> None:
         """A function raised: cancel what is queued (TF's behaviour); join raises the error."""
