@@ -1,4 +1,4 @@
-"""Lab benchmark, in a real JupyterLab and headless Debian chromium (as tests/browser/):
+"""Lab benchmark, in a real JupyterLab and headless Debian chromium (as tests/lab/browser/):
 
 1. click -> applied: a button of the aggregation control is clicked while the run trains as
    fast as it can; the kernel records when the change request arrived and when the runner had

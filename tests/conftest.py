@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from clusters import ExternalCluster, dask_cli_cluster
 
 import labdist as ld
 
@@ -51,3 +52,11 @@ def mirrored2() -> ld.Strategy:
 @pytest.fixture
 def mirrored3() -> ld.Strategy:
     return make_strategy("mirrored-3")
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory) -> ExternalCluster:
+    """A real `dask scheduler` and two `dask worker --nthreads 1` processes on 127.0.0.1, shared
+    by one test module (start-ups are expensive on a 2-core machine)."""
+    with dask_cli_cluster(tmp_path_factory.mktemp("dask-cli")) as cluster:
+        yield cluster

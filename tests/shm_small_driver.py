@@ -1,6 +1,6 @@
-"""Driver for tests/test_shm.py, run under a /dev/shm of a few MiB (its own mount namespace):
-collectives that fit, one that fits one replica's area but not both, one that fits neither,
-then a small one again. Prints one line, RESULT <json>."""
+"""Driver for tests/collectives/test_shm.py, run under a /dev/shm of a few MiB (its own mount
+namespace): collectives that fit, one that fits one replica's area but not both, one that
+fits neither, then a small one again. Prints one line, RESULT <json>."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The NCCL double (labdist/devices/strict/nccl.py) and the NCCL transport over it, in one
 process: ranks are threads (or, for a peer that dies, a child process), so every case runs in
-well under a second. The same transport on real worker processes is tests/test_nccl_cluster.py."""
+well under a second. The same transport on real worker processes is
+tests/collectives/test_nccl_cluster.py."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from labdist.collectives.transports.base import Endpoint
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where the helper scripts live
 TMPFS_MIB = 32
 
 

@@ -27,7 +27,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from test_notebooks import NOTEBOOKS, execute
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
 LAB_URL = "/lab/tree/notebooks/00_lab.ipynb"
 INSTALL_TIMEOUT_S = 900

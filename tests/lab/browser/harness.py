@@ -22,7 +22,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-component-update", "--disable-sync"]
 KERNEL = "labdist-test"
 SUBSHELLS = {"on": "perCommTarget", "off": "disabled"}  # JupyterLab's commsOverSubshells
-OUTPUT = Path(__file__).resolve().parents[2] / "tests-output" / "browser"  # gitignored
+OUTPUT = Path(__file__).resolve().parents[3] / "tests-output" / "browser"  # gitignored
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """The lab's panel without a browser: what the charts are sent (deltas only, at most 20 frames a
 second, strict JSON, a snapshot when a front end says hello), controls that only queue, and
-the widgets' ES modules shipped in the wheel. The browser side is tests/browser/."""
+the widgets' ES modules shipped in the wheel. The browser side is tests/lab/browser/."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from labdist.ui import LabPanel, LineChart
 from labdist.ui.publisher import RATE_HZ
 from labdist.ui.stream import assemble, esm
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WIDGETS = ("line_chart", "histogram", "parameter_plane")
 TOP_LEVEL = re.compile(r"^(?:function|const|let|class) (\w+)", re.MULTILINE)
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 # the semantics tests, pointed at the namespaced cluster by this module's `strategy` fixture
-from test_semantics import (  # noqa: F401
+from strategies.test_semantics import (  # noqa: F401
     test_cross_replica_context_matches_reference,
     test_replica_context_update_matches_reference,
     test_semantics_examples_on_two_replicas,

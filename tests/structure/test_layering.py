@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "labdist"
+ROOT = Path(__file__).resolve().parents[2] / "labdist"
 
 # Top to bottom; a module may import its own layer or any layer below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

@@ -9,62 +9,21 @@ once for the module and every test that can share it does.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
+from clusters import DASK, free_port, stop, workers_of
 from distributed import Client, LocalCluster
 
 import labdist as ld
 from labdist.devices import gpu_count
 
-DASK = str(Path(sys.executable).parent / "dask")
-START_DEADLINE_S = 90.0
-
 
 # -- helpers ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """terminate, then kill whatever is still there after a grace period; always reap."""
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            p.wait(timeout=15)
-
-
-def _log_tail(paths: list[Path], n: int = 2000) -> str:
-    out = []
-    for path in paths:
-        with contextlib.suppress(OSError):
-            out.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-n:]}")
-    return "\n".join(out)
-
-
-def _workers_of(address: str, timeout: float = 10) -> list[str]:
-    with Client(address, timeout=timeout, set_as_default=False) as c:
-        return sorted(c.scheduler_info(n_workers=-1)["workers"])
-
-
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -116,66 +75,6 @@ def _check_semantics_example(strategy: ld.Strategy) -> None:
         assert isinstance(result, np.ndarray)
 
 
-# -- the command-line cluster -----------------------------------------------------------------
-@dataclass
-class ExternalCluster:
-    address: str
-    workers: list[str]
-    procs: list[subprocess.Popen]
-
-    @property
-    def worker_procs(self) -> list[subprocess.Popen]:
-        return self.procs[1:]
-
-    def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
-
-
-@pytest.fixture(scope="module")
-def external(tmp_path_factory) -> ExternalCluster:
-    """A real `dask scheduler` and two `dask worker --nthreads 1` processes on 127.0.0.1."""
-    logs = tmp_path_factory.mktemp("dask-cli")
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    commands = [
-        # --idle-timeout: a scheduler orphaned by a killed test run goes away on its own.
-        [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
-         "--idle-timeout", "600s"],
-        *[[DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-           "--nworkers", "1", "--no-dashboard", "--death-timeout", "60s"]] * 2,
-    ]
-    procs: list[subprocess.Popen] = []
-    log_paths: list[Path] = []
-    try:
-        for i, cmd in enumerate(commands):
-            log_paths.append(logs / f"{cmd[1]}-{i}.log")
-            with open(log_paths[-1], "wb") as log:
-                procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                              stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + START_DEADLINE_S
-        workers: list[str] = []
-        while True:
-            dead = [p.args[1] for p in procs if p.poll() is not None]
-            if dead:
-                pytest.fail(f"`dask {dead[0]}` exited at start-up\n{_log_tail(log_paths)}")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                pytest.fail(f"the dask CLI cluster at {address} did not show 2 workers within "
-                            f"{START_DEADLINE_S:g} s\n{_log_tail(log_paths)}")
-            try:
-                with Client(address, timeout=min(5, left), set_as_default=False) as c:
-                    c.wait_for_workers(2, timeout=max(1, deadline - time.monotonic()))
-                    workers = sorted(c.scheduler_info(n_workers=-1)["workers"])
-                break
-            except (OSError, TimeoutError):
-                time.sleep(0.2)
-        yield ExternalCluster(address, workers, procs)
-    finally:
-        _stop(procs[1:])  # workers first, so they do not wait for a vanished scheduler
-        _stop(procs[:1])
-    assert all(p.returncode is not None for p in procs)
-
-
 @pytest.mark.cluster
 def test_address_uses_every_worker_of_the_cli_cluster(external):
     strategy = ld.MirroredStrategy(cluster=external.address, connect_timeout=20)
@@ -194,7 +93,7 @@ def test_address_uses_every_worker_of_the_cli_cluster(external):
         strategy.close()
     # close() releases this strategy's replicas, and nothing else of a cluster it did not start
     assert external.alive()
-    assert _workers_of(external.address) == external.workers
+    assert workers_of(external.address) == external.workers
     with Client(external.address, timeout=10, set_as_default=False) as c:
         def leftover():  # the replica actors, on the scheduler and on the workers
             tasks = c.run_on_scheduler(
@@ -227,7 +126,7 @@ def test_one_replica_on_the_cli_cluster_next_to_a_two_replica_strategy(external)
     finally:
         two.close()
     assert external.alive()
-    assert _workers_of(external.address) == external.workers
+    assert workers_of(external.address) == external.workers
 
 
 @pytest.mark.cluster
@@ -268,7 +167,7 @@ def test_too_many_replicas_for_the_cluster(external):
     assert time.monotonic() - t0 < 10
     assert "2 worker" in str(info.value)
     assert external.alive()
-    assert _workers_of(external.address) == external.workers
+    assert workers_of(external.address) == external.workers
 
 
 @pytest.mark.cluster
@@ -338,7 +237,7 @@ def test_gpu_device_without_a_gpu_fails_cleanly_on_the_cli_cluster(external):
 
 # -- bad input --------------------------------------------------------------------------------
 def test_unreachable_scheduler_raises_within_connect_timeout():
-    address = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     t0 = time.monotonic()
     with pytest.raises(ld.ClusterConnectionError) as info:
         ld.MirroredStrategy(cluster=address, connect_timeout=2)
@@ -442,12 +341,12 @@ def test_multi_worker_uses_the_workers_present_at_each_fit(external):
                                                           input_shape=(64,)),
                                           ld.layers.Dense(10, activation="softmax")])
             model.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
-        assert _wait_until(lambda: len(_workers_of(external.address)) == 3, timeout=60)
+        assert _wait_until(lambda: len(workers_of(external.address)) == 3, timeout=60)
         model.fit(x, y, batch_size=60, epochs=1, verbose=0)  # a worker joined: 3 replicas
         assert strategy.num_replicas_in_sync == 3
         before = model.get_weights()
-        _stop([third])
-        assert _wait_until(lambda: len(_workers_of(external.address)) == 2, timeout=60)
+        stop([third])
+        assert _wait_until(lambda: len(workers_of(external.address)) == 2, timeout=60)
         assert strategy.refresh() and strategy.num_replicas_in_sync == 2  # one left
         assert sorted(strategy.workers) == external.workers
         assert all(np.array_equal(a, b)
@@ -456,5 +355,5 @@ def test_multi_worker_uses_the_workers_present_at_each_fit(external):
         assert history.history["loss"][0] > 0 and not strategy.refresh()
     finally:
         strategy.close()
-        _stop([third])
+        stop([third])
     assert external.alive()

@@ -16,13 +16,11 @@ from pathlib import Path
 
 import jupyter_server
 import pytest
-import test_cluster
+from clusters import ExternalCluster
 from matplotlib.image import imread
-from test_cluster import ExternalCluster
 
 LABDIST = [sys.executable, "-m", "labdist"]
-external = test_cluster.external  # a real `dask scheduler` and two `dask worker` processes
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def labdist(*args: str, timeout: float = 180, env: dict | None = None):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 RUN_TIMEOUT_S = 240  # the whole README; it takes ~30 s on 2 cores
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 _SKIP = re.compile(r"<!--\s*no-test:\s*(.*?)\s*-->\s*$")

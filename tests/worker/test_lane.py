@@ -14,15 +14,12 @@ import threading
 import time
 
 import pytest
-import test_cluster
 from distributed import Client, LocalCluster
 
 import labdist as ld
 from labdist.cluster import replica_group
 from labdist.cluster.lane import LaneClient, connect_lanes
 from labdist.worker import lane
-
-external = test_cluster.external  # a real `dask scheduler` and two `dask worker` processes
 
 PROMPT_S = 20.0  # generous: two cores shared with other test runs
 

@@ -103,7 +103,7 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
             nb.run(0)
             page.locator(".labdist-panel").wait_for()
             printed = nb.cell(0).locator(".jp-OutputArea-output").first.inner_text().strip()
-            assert Path(printed).parent.parent == Path(__file__).resolve().parents[2]
+            assert Path(printed).parent.parent == Path(__file__).resolve().parents[3]
 
             # every control fits the 1280 px width, and each is no taller than the viewport
             assert page.evaluate(CONTROLS) == []

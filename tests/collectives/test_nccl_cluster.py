@@ -3,7 +3,7 @@ worker process, all-reducing through the NCCL transport over the NCCL double
 (devices/strict/nccl.py).
 The code is the one a GPU runs (collectives/transports/nccl.py, the training step's device
 branch, the embedded cluster's pinning); only cupy and NCCL are doubles. Real GPUs:
-tests/test_gpu.py."""
+tests/devices/test_gpu.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "00_lab.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "00_lab.ipynb"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 SUMMARY = """import json
 print(json.dumps({"state": lab.state, "steps": lab.step_count, "kind": lab.config.kind,

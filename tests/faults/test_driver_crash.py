@@ -15,12 +15,10 @@ import time
 import cloudpickle
 import numpy as np
 import pytest
-import test_cluster
 from distributed import Client
 
 import labdist as ld
 
-external = test_cluster.external  # a real `dask scheduler` and two `dask worker` processes
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _held runs on the workers
 
 DRIVER = """

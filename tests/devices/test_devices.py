@@ -1,6 +1,6 @@
 """labdist.devices: every backend answers the same questions (so callers never ask which one
 they hold), the knob picks them, and `to_host` recognises each one's arrays. Real cupy and
-NCCL are tests/test_gpu.py's (GPU machines only)."""
+NCCL are tests/devices/test_gpu.py's (GPU machines only)."""
 
 from __future__ import annotations
 
