@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "labdist.strict_cuda", "labdist.strict_device", "labdist.strict_nccl",
               "labdist.values")),
 ]
+LAYERS[-1] = ("base", (*LAYERS[-1][1], "labdist.checks"))  # argument checks (checks.py)
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")
 # The one sanctioned upward import: `Lab.show()` opens the UI lazily, so a headless lab

@@ -13,6 +13,7 @@ import dask
 from distributed import Client, LocalCluster, Security
 
 from labdist.backend import visible_gpus
+from labdist.cluster import capacity
 from labdist.errors import ClusterConnectionError
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
@@ -23,6 +24,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     compute on GPUs (`device` "gpu", "auto" where a GPU is seen, "strict" with pretend GPUs)
     get one each: worker i is started with CUDA_VISIBLE_DEVICES naming `gpus[i]` (default:
     the GPUs visible here, backend.visible_gpus), through dask-cuda where it is installed."""
+    capacity.check_local_workers(n_workers, f"n_workers={n_workers}")
     gpus = visible_gpus(device) if gpus is None else list(gpus)
     if device == "gpu" and not gpus:
         raise ValueError("device='gpu' was requested but no GPU is visible (cupy + CUDA "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from labdist import checks
 from labdist.training.checkpoint import Checkpoint
 from labdist.training.checkpoint_files import (
     INDEX,
@@ -276,8 +277,7 @@ class EarlyStopping(Callback):
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ValueError(f"patience={patience!r} must be an integer >= 0 (epochs without "
                              "improvement before stopping)")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, int | float):
-            raise TypeError(f"min_delta={min_delta!r} must be a number")
+        checks.number("min_delta", min_delta)
         self.monitor = _check_monitor(monitor)
         self.monitor_op = _monitor_op(monitor, mode)
         self.mode = mode
