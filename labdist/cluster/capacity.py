@@ -48,6 +48,11 @@ def tasks_left() -> int | None:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NPROC)
     if soft == resource.RLIM_INFINITY:
         return None
+    return soft - tasks_in_use()
+
+
+def tasks_in_use() -> int:
+    """The tasks (processes and their threads) this user runs now, as RLIMIT_NPROC counts."""
     uid, used = os.getuid(), 0
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -57,7 +62,7 @@ def tasks_left() -> int | None:
                 used += int(fields["Threads"])
         except (OSError, KeyError, ValueError):
             continue
-    return soft - used
+    return used
 
 
 def limits() -> dict[str, int | None]:
