@@ -12,7 +12,7 @@ import numpy as np
 
 from labdist import checks
 from labdist.training import layers as layers_mod
-from labdist.training.callbacks import Callback
+from labdist.training.callback_base import Callback
 
 
 def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
