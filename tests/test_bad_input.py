@@ -165,3 +165,13 @@ def test_reduce_names_axis_when_it_is_a_bool(mirrored2):
     with pytest.raises(TypeError, match=r"axis=True is not allowed; use None or an integer"):
         mirrored2.reduce("SUM", values, axis=True)
     np.testing.assert_array_equal(mirrored2.reduce("SUM", values, axis=None), [2, 2, 2])
+
+
+@pytest.mark.parametrize("timeout", [NAN, -1.0, INF])
+def test_remote_value_fetch_timeout_must_be_finite(timeout):
+    """A nan deadline compares false forever: fetch would never time out."""
+    from labdist.strategies.remote_values import RemoteValue
+
+    with pytest.raises(ValueError, match=rf"timeout={timeout!r} is not allowed; use None or a "
+                                         "finite number >= 0"):
+        RemoteValue().fetch(timeout=timeout)
