@@ -175,3 +175,21 @@ def test_remote_value_fetch_timeout_must_be_finite(timeout):
     with pytest.raises(ValueError, match=rf"timeout={timeout!r} is not allowed; use None or a "
                                          "finite number >= 0"):
         RemoteValue().fetch(timeout=timeout)
+
+
+@pytest.mark.parametrize("shape", [(0,), (-3,), ("4",), (4, 4), [4]])
+def test_dense_input_shape_must_be_one_positive_integer(shape):
+    with pytest.raises(ValueError) as info:
+        ld.layers.Dense(2, input_shape=shape)
+    assert f"input_shape={shape!r} is not allowed; use a 1-tuple of a positive integer, like " \
+           "(64,)" == str(info.value)
+
+
+def test_numpy_integers_are_integers(tmp_path):
+    """`checks.integer` takes numpy's integers, and stores them as Python ints (a saved
+    model's JSON config could not hold np.int64)."""
+    layer = ld.layers.Dense(np.int64(3), input_shape=(4,))
+    assert type(layer.units) is int
+    model = ld.models.Sequential([layer])
+    model.save(tmp_path / "m")
+    assert ld.models.load_model(tmp_path / "m").layers[0].units == 3

@@ -35,7 +35,7 @@ class MirroredStrategy(Strategy):
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
                  transport: str = "auto", _knob: tuple[str, str] | None = None):
-        checks.integer("num_replicas", num_replicas, 1, optional=True)
+        num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         transport = registry.parse(transport, "transport")

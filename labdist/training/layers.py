@@ -20,10 +20,13 @@ class Dense:
 
     def __init__(self, units: int, activation: str | None = None,
                  input_shape: tuple[int, ...] | None = None, use_bias: bool = True):
-        checks.integer("units", units, 1)
-        if input_shape is not None and (not isinstance(input_shape, tuple)
-                                        or len(input_shape) != 1):
-            raise ValueError(f"input_shape={input_shape!r} must be a 1-tuple like (64,)")
+        units = checks.integer("units", units, 1)
+        if input_shape is not None and (
+                not isinstance(input_shape, tuple) or len(input_shape) != 1
+                or isinstance(input_shape[0], bool) or not isinstance(input_shape[0], int)
+                or input_shape[0] < 1):
+            checks.refuse("input_shape", input_shape, "a 1-tuple of a positive integer, like "
+                          "(64,)")
         self.units = units
         self.activation = activations.get(activation)
         self.input_shape = input_shape
