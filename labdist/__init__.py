@@ -20,6 +20,7 @@ from labdist.errors import (
     ReplicaDivergenceWarning,
     ReplicaLostError,
     ReplicaUnresponsiveError,
+    SaveError,
 )
 from labdist.input import InputContext, batches
 from labdist.lab import Lab
@@ -60,6 +61,7 @@ __all__ = [
     "ReplicaDivergenceWarning",
     "ReplicaLostError",
     "ReplicaUnresponsiveError",
+    "SaveError",
     "Strategy",
     "ValueContext",
     "Variable",

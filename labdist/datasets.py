@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from labdist import checks
+
 MNIST_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"
 MNIST_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -46,6 +48,7 @@ class mnist:
                   timeout: float = 10.0):
         """((x_train, y_train), (x_test, y_test)). `path`: an mnist.npz to use (else the
         cache, downloading it there on first use)."""
+        checks.positive("timeout", timeout, unit="seconds")
         target = Path(path) if path is not None else _cache_dir() / "mnist.npz"
         if not target.exists():
             if path is not None:
@@ -90,6 +93,7 @@ class synthetic:
                    num_replicas: int = 1, global_batch_size: int = 64, skew: float = 0.0,
                    seed: int = 0):
         """(x, y) with y = x @ w + b + noise (the true w, b are fixed by `seed`)."""
+        checks.number("noise", noise, 0.0)
         rng = np.random.default_rng(seed)
         w, b = rng.normal(size=n_features), rng.normal()
         x = _skewed_inputs(rng, n_samples, n_features, num_replicas, global_batch_size, skew)
@@ -114,6 +118,8 @@ def _skewed_inputs(rng, n, d, num_replicas, global_batch_size, skew):
                         ("global_batch_size", global_batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
+    checks.number("skew", skew)
+    checks.array_bytes("the data set", (n, d), 8)
     x = rng.normal(size=(n, d))
     if skew:
         for start in range(0, n, global_batch_size):

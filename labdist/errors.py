@@ -34,6 +34,12 @@ class ClusterConnectionError(LabdistError, ConnectionError):
     """The Dask scheduler could not be reached."""
 
 
+class SaveError(LabdistError, OSError):
+    """A model, its weights or a checkpoint could not be written where asked (no permission,
+    a file where a folder is needed, a folder where a file is); the message names the path.
+    Nothing was left half-written: the files there are the old ones or none."""
+
+
 class ReplicaDivergenceWarning(UserWarning):
     """An ON_WRITE variable with aggregation NONE now holds different values on its replicas."""
 

@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from labdist import aggregation as table
-from labdist import context, shipping
+from labdist import checks, context, shipping
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.worker import context as worker_context
@@ -44,6 +44,7 @@ class Variable(NDArrayOperatorsMixin):
                 "variables are created under strategy.scope() on the driver, not inside "
                 "strategy.run: create it before the step and pass it in (or close over it)"
             )
+        checks.string("name", name, optional=True, empty_ok=True)  # TF: a string or None
         sync = Sync.parse(synchronization, "synchronization")
         agg = Agg.parse(aggregation, "aggregation")
         host = _initial_host(initial_value, dtype)
@@ -334,6 +335,9 @@ def _initial_host(initial_value: Any, dtype: Any) -> np.ndarray:
             dtype = np.dtype(dtype)
         except TypeError as e:
             raise TypeError(f"dtype={dtype!r} is not a numpy dtype: {e}") from None
+    if isinstance(initial_value, np.ndarray):  # a view (broadcast_to) may stand for terabytes
+        checks.array_bytes("initial_value", initial_value.shape,
+                           (dtype or initial_value.dtype).itemsize)
     is_python = not isinstance(initial_value, np.ndarray | np.generic)
     try:
         host = np.array(initial_value, dtype=dtype)

@@ -7,6 +7,7 @@ line on stderr and a non-zero exit, never a traceback; bugs still show theirs.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -37,8 +38,18 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be a positive number")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; use a finite number > 0")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; use a TCP port in 1..65535")
     return value
 
 
@@ -59,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "when it is there. Arguments after `--` go to `jupyter lab` as they are.")
     lab.add_argument("directory", nargs="?", default=None,
                      help="folder to serve (default: the notebooks of this checkout)")
-    lab.add_argument("--port", type=_positive_int, default=None, help="port (default: 8888 "
+    lab.add_argument("--port", type=_port, default=None, help="port (default: 8888 "
                      "or the next free one)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
 

@@ -15,7 +15,13 @@ def demo(replicas: int, steps: int, out: str) -> int:
         raise UserError("matplotlib is needed for the demo's chart: pip install matplotlib") \
             from None
     from labdist.cli.report import chart, page
+    from labdist.cluster.capacity import check_local_workers
     from labdist.demo import run_demo
+
+    try:  # before the output folder is made and before any worker starts
+        check_local_workers(replicas, f"--replicas {replicas}")
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
     with output_folder("--out", out) as out_dir:  # checked before the run, not after it
         figures = run_demo(num_replicas=replicas, steps=steps,

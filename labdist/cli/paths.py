@@ -14,7 +14,10 @@ from labdist.cli.errors import UserError
 
 
 def user_path(option: str, text: str) -> Path:
-    """`text` with `~` expanded; a `~user` that does not exist is the user's mistake."""
+    """`text` with `~` expanded; a `~user` that does not exist is the user's mistake, and so
+    is an empty path (it would quietly mean the current folder)."""
+    if not text.strip():
+        raise UserError(f"{option} {text!r} is not allowed; use a path (e.g. {option} ./out)")
     try:
         return Path(text).expanduser()
     except RuntimeError:  # pathlib: "Could not determine home directory."

@@ -125,6 +125,9 @@ def train(strategy: ld.Strategy, steps: int, batch_size: int, learning_rate: flo
         done += n
         logs = {k: v[-1] for k, v in history.history.items()}
         losses.append(float(logs["loss"]))
+        if not math.isfinite(losses[-1]):
+            raise UserError(f"training diverged: loss {losses[-1]} by step {done} with "
+                            f"--learning-rate {learning_rate:g}; use a smaller learning rate")
         rate = done / (time.perf_counter() - start)
         say(f"step {done:>{len(str(steps))}}/{steps}  loss {logs['loss']:.4f}  "
             f"accuracy {logs['accuracy']:.3f}  {rate:.1f} steps/s{_live(strategy)}")
@@ -178,7 +181,16 @@ def summary(strategy: ld.Strategy, address: str, figures: dict, batch_size: int)
     return lines
 
 
+def check_args(args) -> None:
+    """What the run cannot honour, refused before anything connects: a global batch larger
+    than the dataset it walks (it would allocate that many examples per step)."""
+    if args.batch_size > N_SAMPLES:
+        raise UserError(f"--batch-size {args.batch_size} is not allowed; use 1..{N_SAMPLES} "
+                        f"(the run trains on a dataset of {N_SAMPLES} examples)")
+
+
 def run(args) -> int:
+    check_args(args)
     address = check_scheduler(args.scheduler, args.connect_timeout)
     kind = STRATEGIES[args.strategy]
     print(f"Connecting to {address} ({args.strategy}) ...", flush=True)

@@ -12,6 +12,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster, Security
 
+from labdist.cluster import capacity
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
 
@@ -24,6 +25,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     get one each: worker i is started with CUDA_VISIBLE_DEVICES naming `gpus[i]` (default:
     the GPUs visible here, `pinning_backend(device).visible_gpus()`), through dask-cuda where
     it is installed and the GPUs are CUDA's."""
+    capacity.check_local_workers(n_workers, f"n_workers={n_workers}")
     pinning = pinning_backend(device)
     gpus = pinning.visible_gpus() if gpus is None else list(gpus)
     if device == "gpu" and not gpus:

@@ -73,6 +73,11 @@ class ParameterServerGroup(ActorGroup):
             raise ValueError(f"num_workers={num_workers} but the cluster has {len(present)} "
                              f"worker(s) after waiting {timeout:g} s; start more workers or "
                              "ask for fewer")
+        if num_ps > len(present):
+            raise ValueError(f"num_ps={num_ps} but the cluster has {len(present)} worker(s) "
+                             f"after waiting {timeout:g} s: each parameter server needs a worker; "
+                             f"allowed: at most {len(present)} (fewer than {len(present)} "
+                             "leaves workers that only compute)")
         if len(present) >= num_ps + (num_workers or 1):
             rest = present[num_ps:]
             return present[:num_ps], rest[:num_workers] if num_workers else rest

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from labdist import checks
 from labdist.worker.ps.worker import PerWorkerIterator
 
 POLL_S = 0.25  # how often a waiting fetch checks whether its step can never fill (sync)
@@ -26,6 +27,8 @@ class RemoteValue:
         """Wait for the result. Sync mode: waiting for it says nothing more is coming first,
         so a step it waits at that cannot fill up is applied as it is (see `join`); without
         this `strategy.run(fn)` on two workers would wait for a partner forever."""
+        if timeout is not None:
+            checks.number("timeout", timeout, 0.0, allowed="None or a finite number >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from labdist import checks
+from labdist.cluster import capacity
 from labdist.cluster.ps_group import ParameterServerGroup
 from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
 from labdist.parameter_server.fit import train_model_steps
@@ -89,10 +91,7 @@ class ParameterServerStrategy(Strategy, Coordinated):
                 and replicas_to_aggregate > total_num_replicas):
             raise ValueError(f"replicas_to_aggregate={replicas_to_aggregate} cannot exceed "
                              f"total_num_replicas={total_num_replicas}")
-        if not isinstance(connect_timeout, int | float) or isinstance(connect_timeout, bool) \
-                or not connect_timeout > 0:
-            raise ValueError(f"connect_timeout={connect_timeout!r} must be a positive number "
-                             "of seconds")
+        checks.positive("connect_timeout", connect_timeout, unit="seconds")
         if not isinstance(ps_timeout, int | float) or isinstance(ps_timeout, bool) \
                 or not ps_timeout > 0:
             raise ValueError(f"ps_timeout={ps_timeout!r} must be a positive number of seconds "
@@ -102,6 +101,9 @@ class ParameterServerStrategy(Strategy, Coordinated):
                              f"{', '.join(TRANSPORTS)}")
         if num_workers is None and cluster is None:
             num_workers = total_num_replicas or 2
+        if cluster is None:
+            capacity.check_local_workers(num_workers + num_ps, f"num_workers={num_workers} + "
+                                         f"num_ps={num_ps}")
         group = ParameterServerGroup(cluster, num_workers, num_ps, float(connect_timeout),
                                      security)
         try:

@@ -331,6 +331,8 @@ class Strategy:
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduce a per-replica value (or a structure of them) to one host value."""
         op = ReduceOp.parse(reduce_op, "reduce_op")
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int | np.integer)):
+            raise TypeError(f"axis={axis!r} is not allowed; use None or an integer")
         if worker_context.current() is not None:
             raise RuntimeError("strategy.reduce is a cross-replica call: use it on the driver "
                                "or in merge_call; inside a step use ctx.all_reduce")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist import checks
+from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
 from labdist.strategies.base import Strategy
@@ -33,17 +35,15 @@ class MirroredStrategy(Strategy):
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
                  transport: str = "auto", _knob: tuple[str, str] | None = None):
-        if num_replicas is not None and (
-                isinstance(num_replicas, bool) or not isinstance(num_replicas, int)
-                or num_replicas < 1):
-            raise ValueError(f"num_replicas={num_replicas!r} must be None or an integer >= 1")
+        num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         transport = registry.parse(transport, "transport")
         for name, value in (("collective_timeout", collective_timeout),
                             ("connect_timeout", connect_timeout)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive number of seconds")
+            checks.positive(name, value, unit="seconds")
+        if cluster is None and num_replicas is not None:
+            capacity.check_local_workers(num_replicas, f"num_replicas={num_replicas}")
         from labdist.cluster.replica_group import DaskReplicaGroup
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),

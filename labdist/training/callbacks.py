@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from labdist import checks
+from labdist.training.callback_base import Callback
 from labdist.training.checkpoint import Checkpoint
 from labdist.training.checkpoint_files import (
     INDEX,
@@ -24,31 +26,6 @@ from labdist.training.checkpoint_files import (
     inside,
     temp_pattern,
 )
-
-
-class Callback:
-    """Base class: override any of the hooks; `self.model` is set by `fit`."""
-
-    model = None
-
-    def set_model(self, model) -> None:
-        self.model = model
-
-    def on_train_begin(self, logs=None) -> None:
-        pass
-
-    def on_epoch_begin(self, epoch: int, logs=None) -> None:
-        pass
-
-    def on_epoch_end(self, epoch: int, logs=None) -> None:
-        pass
-
-    def on_train_end(self, logs=None) -> None:
-        pass
-
-    def resume_epoch(self) -> int | None:
-        """The epoch `fit` should start at (after `on_train_begin`), or None for no say."""
-        return None
 
 
 class BackupAndRestore(Callback):
@@ -276,8 +253,7 @@ class EarlyStopping(Callback):
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ValueError(f"patience={patience!r} must be an integer >= 0 (epochs without "
                              "improvement before stopping)")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, int | float):
-            raise TypeError(f"min_delta={min_delta!r} must be a number")
+        checks.number("min_delta", min_delta)
         self.monitor = _check_monitor(monitor)
         self.monitor_op = _monitor_op(monitor, mode)
         self.mode = mode

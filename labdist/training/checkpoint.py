@@ -13,9 +13,11 @@ from labdist.training.checkpoint_files import (
     INDEX,
     CheckpointError,
     atomic_write,
+    atomic_write_all,
     read_arrays,
     read_headers,
     read_index,
+    writing,
 )
 from labdist.training.restore import CASTING, assign_all, check_arrays, check_meta
 
@@ -67,11 +69,12 @@ class Checkpoint:
         """Write `ckpt-<step>.npz` in `directory` and point the index (`checkpoint`) at it;
         returns its path. Touches no other file of the directory."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         name = f"ckpt-{self.model._iterations}.npz"
         arrays = self._arrays()
-        atomic_write(directory / name, lambda f: np.savez(f, **arrays))
-        atomic_write(directory / INDEX, lambda f: f.write(name.encode()))
+        with writing(f"Checkpoint.save({str(directory)!r})", directory):
+            directory.mkdir(parents=True, exist_ok=True)
+            atomic_write_all([(directory / name, lambda f: np.savez(f, **arrays)),
+                              (directory / INDEX, lambda f: f.write(name.encode()))])
         return str(directory / name)
 
     def restore(self, path: str | os.PathLike) -> None:

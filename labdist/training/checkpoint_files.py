@@ -4,15 +4,18 @@ writes go through a temp file and a rename so a crash never leaves half a file."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
 from typing import IO
 
 import numpy as np
+
+from labdist.errors import SaveError
 
 INDEX = "checkpoint"
 TEMP_SUFFIX = ".tmp"
@@ -34,16 +37,46 @@ def temp_pattern(names: str) -> re.Pattern:
 def atomic_write(target: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write `target` through a temp file (`.<name>.<random>.tmp`, next to it) and a rename:
     a crash leaves the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TEMP_SUFFIX)
+    atomic_write_all([(target, write)])
+
+
+def atomic_write_all(files: list[tuple[Path, Callable[[IO[bytes]], object]]]) -> None:
+    """Write every target to a temp file first, and rename them into place only once all are
+    written, so a failure leaves none of them changed. A target that is a directory is
+    refused before anything is written."""
+    for target, _write in files:
+        if target.is_dir():
+            raise IsADirectoryError(21, "a folder is where this file should go", str(target))
+    temps: list[str] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        for target, write in files:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                       suffix=TEMP_SUFFIX)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        for tmp, (target, _write) in zip(temps, files, strict=True):
+            os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in temps:
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def writing(call: str, path: Path) -> Iterator[None]:
+    """Turn an OSError while saving into one `SaveError` naming the call, the path and why."""
+    try:
+        yield
+    except SaveError:
+        raise
+    except OSError as e:
+        where = e.filename if e.filename is not None else path
+        raise SaveError(f"{call}: cannot write {str(where)!r} ({e.strerror or e}); allowed: a "
+                        "path in a folder you can write to, with no file or folder in the way"
+                        ) from None
 
 
 def inside(directory: Path, name: str, what: str) -> Path:

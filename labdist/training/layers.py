@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import shipping
+from labdist import checks, shipping
 from labdist.training import activations
 
 
@@ -20,17 +20,20 @@ class Dense:
 
     def __init__(self, units: int, activation: str | None = None,
                  input_shape: tuple[int, ...] | None = None, use_bias: bool = True):
-        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
-            raise ValueError(f"units={units!r} must be a positive integer")
-        if input_shape is not None and (not isinstance(input_shape, tuple)
-                                        or len(input_shape) != 1):
-            raise ValueError(f"input_shape={input_shape!r} must be a 1-tuple like (64,)")
+        units = checks.integer("units", units, 1)
+        if input_shape is not None and (
+                not isinstance(input_shape, tuple) or len(input_shape) != 1
+                or isinstance(input_shape[0], bool) or not isinstance(input_shape[0], int)
+                or input_shape[0] < 1):
+            checks.refuse("input_shape", input_shape, "a 1-tuple of a positive integer, like "
+                          "(64,)")
         self.units = units
         self.activation = activations.get(activation)
         self.input_shape = input_shape
-        self.use_bias = use_bias
+        self.use_bias = checks.boolean("use_bias", use_bias)
 
     def build(self, input_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        checks.array_bytes(f"Dense(units={self.units}) kernel", (input_dim, self.units), 4)
         limit = np.sqrt(6.0 / (input_dim + self.units))
         params = {"kernel": rng.uniform(-limit, limit, (input_dim, self.units))
                   .astype(np.float32)}
@@ -67,9 +70,7 @@ class Dropout:
     """Zeroes a fraction `rate` of inputs while training, scaling the rest by 1 / (1 - rate)."""
 
     def __init__(self, rate: float):
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
-            raise ValueError(f"rate={rate!r} must be a number in [0, 1)")
-        self.rate = float(rate)
+        self.rate = checks.fraction("rate", rate)
 
     def build(self, input_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         return {}

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context
+from labdist import checks, context
 from labdist.input import Batches, shard_bounds
+from labdist.training import fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
-from labdist.training import losses, optimizers, saving
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -79,24 +79,32 @@ class Sequential:
 
     def compile(self, loss: Any = "mse", optimizer: Any = "sgd", metrics: Sequence[str] = (),
                 steps_per_execution: int = 1) -> None:
-        self._loss = losses.get(loss)
-        self._optimizer = optimizers.get(optimizer)
+        loss = losses.get(loss)
+        optimizer = optimizers.get(optimizer)
+        if isinstance(metrics, str):  # one metric's name, as TF Keras 2 takes it
+            metrics = [metrics]
+        if metrics is None:
+            metrics = []
+        if not isinstance(metrics, Sequence):
+            raise TypeError(f"metrics={metrics!r} is not allowed; use a list of metric names "
+                            "(['accuracy']) or one name")
         unknown = [m for m in metrics if m not in ("accuracy", "acc")]
         if unknown:
             raise ValueError(f"metrics={list(metrics)!r}: {unknown} not supported; allowed: "
                              "'accuracy'")
+        checks.integer("steps_per_execution", steps_per_execution, 1)
+        self._loss, self._optimizer = loss, optimizer  # all checked: now change the model
         self._metrics = ["accuracy"] if metrics else []
-        if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
-                or steps_per_execution < 1:
-            raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an integer "
-                             ">= 1")
-        self._steps_per_execution = steps_per_execution
+        self._steps_per_execution = int(steps_per_execution)
         self._compiled = True
         self._slots = []
 
-    def _ensure_ready(self, x: np.ndarray) -> None:
+    def _check_compiled(self) -> None:
         if not self._compiled:
             raise RuntimeError("call model.compile(loss=..., optimizer=...) before fit/evaluate")
+
+    def _ensure_ready(self, x: np.ndarray) -> None:
+        self._check_compiled()
         if not self.built:
             self.build(x.shape[1])
         self._ensure_slots()
@@ -111,10 +119,15 @@ class Sequential:
 
     # -- training -----------------------------------------------------------------------------
     def fit(self, x, y, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
-            callbacks: Sequence[Any] = (), validation_data: tuple | None = None,
+            callbacks: Sequence[Any] | None = (), validation_data: tuple | None = None,
             shuffle: bool = True, initial_epoch: int = 0) -> History:
-        x, y = _arrays(x, y)
-        _positive_int("epochs", epochs)
+        # everything checked before anything changes (fit_checks.py)
+        self._check_compiled()
+        x, y = fit_checks.arrays(x, y)
+        fit_checks.check_data(self, x, y)
+        fit_checks.fit_arguments(self, epochs, shuffle, initial_epoch)
+        callbacks = fit_checks.callbacks(callbacks)
+        validation_data = fit_checks.validation(self, validation_data)
         verbose = check_verbose(verbose)
         batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
                           seed=self.seed)
@@ -127,6 +140,18 @@ class Sequential:
         self._ensure_ready(x)
         resume = [_call(cb, "resume_epoch") for cb in callbacks]  # e.g. BackupAndRestore
         start = max([initial_epoch, *(e for e in resume if e is not None)])
+        steps_before = self._iterations
+        try:
+            return self._epochs(start, epochs, batches, batch_size, verbose, callbacks,
+                                validation_data, history)
+        except BaseException as error:  # say how far it got: which updates the weights hold
+            error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
+                           f"of this call (epochs {start}..{epochs - 1}) completed before "
+                           "this error; the weights hold their updates")
+            raise
+
+    def _epochs(self, start, epochs, batches, batch_size, verbose, callbacks, validation_data,
+                history) -> History:
         logs: dict[str, float] = {}
         for epoch in range(start, epochs):
             for cb in callbacks:
@@ -174,7 +199,9 @@ class Sequential:
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
                  return_dict: bool = False):
-        x, y = _arrays(x, y)
+        self._check_compiled()
+        x, y = fit_checks.arrays(x, y, "evaluate")
+        fit_checks.check_data(self, x, y, "evaluate")
         verbose = check_verbose(verbose)
         self._ensure_ready(x)
         loss_sum = correct = seen = 0.0
@@ -193,6 +220,10 @@ class Sequential:
 
     def predict(self, x, batch_size: int = 32, verbose: Any = "auto") -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
+        expected = fit_checks.input_dim(self)
+        if x.ndim != 2 or (expected is not None and x.shape[1] != expected):
+            raise ValueError(f"predict: x has shape {x.shape}; allowed: (samples, "
+                             f"{expected or 'features'})")
         verbose = check_verbose(verbose)
         if not self.built:
             self.build(x.shape[1])
@@ -283,14 +314,6 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> Sequential:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _arrays(x, y) -> tuple[np.ndarray, np.ndarray]:
-    x, y = np.asarray(x, dtype=np.float32), np.asarray(y)
-    if x.ndim != 2 or len(x) != len(y):
-        raise ValueError(f"x must be (samples, features) and y (samples, ...) of the same "
-                         f"length; got x {x.shape} and y {y.shape}")
-    return x, y
-
-
 def _per_replica(values: list) -> Any:
     return values[0] if len(values) == 1 else PerReplica(values)
 

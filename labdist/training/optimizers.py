@@ -14,20 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from labdist import shipping
+from labdist import checks, shipping
 from labdist.training import custom_loop
 
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name}={value!r} must be a positive number")
-    return float(value)
-
-
-def _fraction(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        raise ValueError(f"{name}={value!r} must be a number in [0, 1)")
-    return float(value)
+_positive = checks.positive  # finite and > 0: an infinite rate only ever gives nan weights
+_fraction = checks.fraction
 
 
 class Optimizer:
@@ -62,7 +53,7 @@ class SGD(Optimizer):
         super().__init__()
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.momentum = _fraction("momentum", momentum)
-        self.nesterov = bool(nesterov)
+        self.nesterov = checks.boolean("nesterov", nesterov)
 
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"velocity": np.zeros_like(param)} if self.momentum else {}
@@ -85,7 +76,8 @@ class Adagrad(Optimizer):
                  epsilon: float = 1e-7):
         super().__init__()
         self.learning_rate = _positive("learning_rate", learning_rate)
-        self.initial_accumulator_value = float(initial_accumulator_value)
+        self.initial_accumulator_value = checks.number(
+            "initial_accumulator_value", initial_accumulator_value, 0.0)
         self.epsilon = _positive("epsilon", epsilon)
 
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:

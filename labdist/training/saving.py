@@ -12,13 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from labdist import checks
 from labdist.training import layers as layers_mod
 from labdist.training import losses, optimizers
 from labdist.training.checkpoint_files import (
     CheckpointError,
     atomic_write,
+    atomic_write_all,
     read_arrays,
     read_headers,
+    writing,
 )
 from labdist.training.restore import assign_all, check_arrays, check_meta
 
@@ -39,11 +42,17 @@ def save_weights(model, path: str | os.PathLike) -> str:
     if path.suffix != ".npz":
         raise ValueError(f"path={str(path)!r}: weights are saved as .npz; give a path ending "
                          "in .npz")
+    arrays = _weight_arrays(model)
+    with writing(f"save_weights({str(path)!r})", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: np.savez(f, **arrays))
+    return str(path)
+
+
+def _weight_arrays(model) -> dict[str, np.ndarray]:
     arrays = {key: v.numpy() for key, v in _weight_variables(model).items()}
     arrays["meta/format"] = np.asarray(FORMAT, dtype=np.int64)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: np.savez(f, **arrays))
-    return str(path)
+    return arrays
 
 
 def load_weights(model, path: str | os.PathLike) -> None:
@@ -80,10 +89,13 @@ def save_model(model, path: str | os.PathLike) -> str:
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"path={str(directory)!r} is a file; model.save writes a directory")
     config = model_config(model)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_weights(model, directory / WEIGHTS)
+    arrays = _weight_arrays(model)
     data = json.dumps(config, indent=2, sort_keys=True).encode()
-    atomic_write(directory / CONFIG, lambda f: f.write(data))
+    with writing(f"model.save({str(directory)!r})", directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        # both files written before either is renamed into place: all or nothing
+        atomic_write_all([(directory / WEIGHTS, lambda f: np.savez(f, **arrays)),
+                          (directory / CONFIG, lambda f: f.write(data))])
     return str(directory)
 
 
@@ -110,9 +122,43 @@ def read_saved(path: str | os.PathLike) -> dict:
                 raise
             raise CheckpointError(f"saved model {str(directory)!r}: bad compile settings "
                                   f"{c!r:.200} ({e})") from None
+    layers = [_layer(directory, i, c) for i, c in enumerate(config["layers"])]
+    if config["input_dim"] is not None:
+        _check_declared_shapes(directory, config["input_dim"], layers)
     return {"name": config["name"], "seed": config["seed"], "input_dim": config["input_dim"],
-            "layers": [_layer(directory, i, c) for i, c in enumerate(config["layers"])],
-            "compile": compiled, "weights": directory / WEIGHTS}
+            "layers": layers, "compile": compiled, "weights": directory / WEIGHTS}
+
+
+def _check_declared_shapes(directory: Path, input_dim: int, layers: list) -> None:
+    """The weights the config declares (layer sizes x input size) are the arrays the weights
+    file's headers describe, each within the memory limit: checked before anything is built,
+    so a config claiming Dense(units=10**9) allocates nothing."""
+    if not (directory / WEIGHTS).is_file():
+        raise FileNotFoundError(f"saved model {str(directory)!r} has no {WEIGHTS!r}")
+    if input_dim < 1:
+        raise CheckpointError(f"saved model {str(directory)!r}: input_dim={input_dim} is not "
+                              "allowed; use an integer >= 1")
+    headers = read_headers(directory / WEIGHTS)
+    width = input_dim
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, layers_mod.Dense):
+            continue
+        declared = {"kernel": (width, layer.units)}
+        if layer.use_bias:
+            declared["bias"] = (layer.units,)
+        for name, shape in declared.items():
+            key = f"weight/dense_{i}/{name}"
+            stored = headers.get(key, (None,))[0]
+            if stored != shape:
+                raise CheckpointError(
+                    f"saved model {str(directory)!r}: layer {i} ({layer!r}) declares {key} of "
+                    f"shape {shape}, but {WEIGHTS} holds {stored if stored else 'no such array'}"
+                    "; the config and the weights do not belong together")
+            try:
+                checks.array_bytes(f"saved model {str(directory)!r}: {key}", shape, 4)
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
+        width = layer.units
 
 
 def model_config(model) -> dict:

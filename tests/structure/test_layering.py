@@ -30,9 +30,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cluster", ("labdist.cluster",)),
     ("worker", ("labdist.worker",)),
     ("collectives", ("labdist.collectives",)),
-    ("base", ("labdist.aggregation", "labdist.datasets", "labdist.devices", "labdist.enums",
-              "labdist.errors", "labdist.input", "labdist.nest", "labdist.shipping",
-              "labdist.values")),
+    ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
+              "labdist.enums", "labdist.errors", "labdist.input", "labdist.nest",
+              "labdist.shipping", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")

@@ -1,0 +1,127 @@
+"""What `fit` and `evaluate` check before they touch the model, as Keras checks its arguments
+and targets first: a bad label found three batches in would leave the weights half-trained.
+
+Every refusal names the argument, the value (or the offending entry) and what is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from labdist import checks
+from labdist.training import layers as layers_mod
+from labdist.training.callback_base import Callback
+
+
+def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
+    """x as float32 (samples, features) and y as an array of the same length, at least one
+    sample."""
+    try:
+        x = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: x cannot be read as numbers ({e}); allowed: a numeric "
+                        "array of shape (samples, features)") from None
+    y = np.asarray(y)
+    if x.ndim != 2 or len(x) != len(y):
+        raise ValueError(f"{what}: x must be (samples, features) and y (samples, ...) of the "
+                         f"same length; got x {x.shape} and y {y.shape}")
+    if len(x) == 0:
+        raise ValueError(f"{what}: x and y hold 0 samples; allowed: at least 1")
+    if y.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: y has dtype {y.dtype}; allowed: numbers (integer class ids "
+                        "or float targets)")
+    return x, y
+
+
+def input_dim(model) -> int | None:
+    """The number of features the model's first Dense takes (None: not built yet)."""
+    if not model.built:
+        return None
+    first = next((v for v in model.weights if v.name.endswith("/kernel")), None)
+    return None if first is None else int(first.shape[0])
+
+
+def outputs(model, features: int) -> int:
+    """The width of the model's output for inputs of `features`."""
+    width = features
+    for layer in model.layers:
+        if isinstance(layer, layers_mod.Dense):
+            width = layer.units
+    return width
+
+
+def check_data(model, x: np.ndarray, y: np.ndarray, what: str = "fit") -> None:
+    """x's features match the model's input; y suits the compiled loss: class ids in
+    [0, classes) for a sparse loss (whole numbers, also when stored as floats), one target
+    per output for mse."""
+    expected = input_dim(model)
+    if expected is not None and x.shape[1] != expected:
+        raise ValueError(f"{what}: x has {x.shape[1]} features per sample, but the model's "
+                         f"first layer takes {expected}; allowed: x of shape (samples, "
+                         f"{expected})")
+    width = outputs(model, x.shape[1])
+    if model._loss.name == "sparse_categorical_crossentropy":
+        labels = y.reshape(len(y), -1)
+        if labels.shape[1] != 1:
+            raise ValueError(f"{what}: y has shape {y.shape}; sparse_categorical_crossentropy "
+                             "takes one class id per sample: allowed y of shape (samples,) or "
+                             "(samples, 1)")
+        if y.dtype.kind == "f":
+            whole = np.isfinite(y) & (y == np.round(y))
+            if not whole.all():
+                bad = y.reshape(-1)[~whole.reshape(-1)][0].item()
+                raise ValueError(f"{what}: y holds {bad!r}, not a class id; "
+                                 "sparse_categorical_crossentropy takes whole numbers in "
+                                 f"0..{width - 1} (one-hot or float targets need loss='mse')")
+        low, high = y.min(), y.max()
+        if low < 0 or high >= width:
+            bad = (low if low < 0 else high).item()
+            raise ValueError(f"{what}: y holds the class id {bad!r}, but the model has {width} "
+                             f"output(s); allowed: class ids 0..{width - 1}")
+    elif y.reshape(len(y), -1).shape[1] != width:
+        raise ValueError(f"{what}: y has shape {y.shape}, but the model has {width} output(s); "
+                         f"allowed for loss='mse': y of shape (samples, {width})"
+                         + (" or (samples,)" if width == 1 else ""))
+
+
+def validation(model, data: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """validation_data as checked arrays: None, or (x_val, y_val) (a tuple or list of two)."""
+    if data is None:
+        return None
+    if not isinstance(data, tuple | list) or len(data) != 2:
+        raise TypeError(f"validation_data={_short(data)} is not allowed; use (x_val, y_val) "
+                        "or None")
+    x, y = arrays(*data, what="validation_data")
+    check_data(model, x, y, "validation_data")
+    return x, y
+
+
+def callbacks(value: Any) -> list[Callback]:
+    """A list or tuple of `ld.callbacks.Callback` objects (None: no callbacks)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"callbacks={_short(value)} is not allowed; use a list of "
+                        "ld.callbacks.Callback objects")
+    for i, cb in enumerate(value):
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks[{i}]={_short(cb)} is not allowed; use an "
+                            "ld.callbacks.Callback (subclass Callback for your own)")
+    return list(value)
+
+
+def fit_arguments(model, epochs: Any, shuffle: Any, initial_epoch: Any) -> None:
+    checks.integer("epochs", epochs, 1)
+    if not isinstance(shuffle, bool | np.bool_):
+        checks.refuse("shuffle", shuffle, "True or False ('batch' shuffling is not supported)",
+                      TypeError)
+    checks.integer("initial_epoch", initial_epoch, 0)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, tuple | list) and any(hasattr(v, "shape") for v in value):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
