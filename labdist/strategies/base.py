@@ -38,6 +38,7 @@ from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
+from labdist.worker.captured_strategy import CapturedStrategy, cross_replica_error
 
 _PY_SCALARS = (bool, int, float, complex)
 
@@ -46,6 +47,9 @@ class Strategy:
     """The tf.distribute-shaped API over a replica group."""
 
     _is_default = False
+    # TF's MirroredStrategy gives a one-component per-replica value with one replica;
+    # OneDeviceStrategy (and the default strategy) the plain value.
+    _wrap_single = False
 
     def __init__(self, group):
         self._id = uuid.uuid4().hex
@@ -93,6 +97,11 @@ class Strategy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_replicas_in_sync={self._group.num_replicas})"
 
+    def __reduce__(self):
+        """Captured by a step function: on a replica, a stand-in that refuses cross-replica
+        calls with TF's error (on the driver, this strategy again)."""
+        return (_rebuild_strategy, (self._id, type(self).__name__, self.num_replicas_in_sync))
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed; create a new strategy")
@@ -111,8 +120,9 @@ class Strategy:
         replica. An iterator of a distributed dataset as an argument stands for its next
         element (each replica's component). `steps=k` runs `fn` k times in this one call
         (TF's loop inside a `tf.function`), each step taking the next element of every
-        iterator argument, and returns the last step's results. Returns a PerReplica per
-        result leaf (the plain value with one replica).
+        iterator argument, and returns the last step's results. Returns `fn`'s structure
+        with a PerReplica at each leaf (also with one replica, under MirroredStrategy), a
+        leaf that is None on every replica as None, and a variable as the variable itself.
         """
         self._check_open()
         if worker_context.current() is not None:
@@ -131,7 +141,8 @@ class Strategy:
             finally:
                 self._running = False
         self._emit_warnings(events)
-        return self._regroup([e.value for e in events], "the step function's results")
+        return self._regroup([e.value for e in events], "the step function's results",
+                             results=True)
 
     def _run(self, fn: Callable, args: tuple, kwargs: dict | None, steps: int = 1) -> list:
         """Start the step and answer its merge_calls until every replica is done."""
@@ -229,9 +240,17 @@ class Strategy:
 
         return nest.map_structure(pick, tree)
 
-    def _regroup(self, per_rank: list[Any], what: str, constants: bool = False) -> Any:
-        if len(per_rank) == 1:
+    def _regroup(self, per_rank: list[Any], what: str, constants: bool = False,
+                 results: bool = False) -> Any:
+        """One value per replica as one structure with a PerReplica at each leaf (TF's
+        regroup). `results`: `run`'s results, where a leaf that is None everywhere stays None
+        and one replica gives a one-component PerReplica where the strategy says so."""
+        if len(per_rank) == 1 and not (results and self._wrap_single):
             return per_rank[0]
+        return self._regroup_leaves(per_rank, what, constants, results)
+
+    def _regroup_leaves(self, per_rank: list[Any], what: str, constants: bool = False,
+                        results: bool = False) -> Any:
         flat = [nest.flatten(v) for v in per_rank]
         treedef = flat[0][1]
         if any(t != treedef for _, t in flat):
@@ -242,7 +261,9 @@ class Strategy:
         leaves = []
         for i in range(len(flat[0][0])):
             parts = [f[0][i] for f in flat]
-            if isinstance(parts[0], Variable) and all(
+            if results and all(p is None for p in parts):
+                leaves.append(None)
+            elif isinstance(parts[0], Variable) and all(
                     isinstance(p, Variable) and p._id == parts[0]._id for p in parts):
                 leaves.append(parts[0])
             elif constants and isinstance(parts[0], _PY_SCALARS) and all(
@@ -261,12 +282,17 @@ class Strategy:
                     warnings.warn(message, category, stacklevel=3)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
-        """PerReplica of `value_fn(ValueContext)` for each replica, computed on the driver."""
+        """`value_fn(ValueContext)` for each replica, computed on the driver, regrouped as TF
+        does: the structure it returns (dicts, lists, tuples, namedtuples keep their type) with
+        a PerReplica at each leaf. Every replica's value must have the same structure."""
         if not callable(value_fn):
             raise TypeError(f"value_fn={value_fn!r} is not callable")
         n = self.num_replicas_in_sync
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
-        return values[0] if n == 1 else PerReplica(values)
+        if n == 1 and not self._wrap_single:
+            return values[0]
+        return self._regroup_leaves(values, "experimental_distribute_values_from_function's "
+                                    "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
         """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
@@ -291,8 +317,7 @@ class Strategy:
         `Strategy.gather`). Components need rank >= 1 and equal shapes except along `axis`;
         a value that is not distributed is returned as it is."""
         if worker_context.current() is not None:
-            raise RuntimeError("strategy.gather is a cross-replica call: use it on the driver "
-                               "or in merge_call; inside a step use ctx.all_gather")
+            raise cross_replica_error("gather")
         if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
             raise TypeError(f"axis={axis!r} must be an integer")
 
@@ -322,8 +347,7 @@ class Strategy:
         """Reduce a per-replica value (or a structure of them) to one host value."""
         op = ReduceOp.parse(reduce_op, "reduce_op")
         if worker_context.current() is not None:
-            raise RuntimeError("strategy.reduce is a cross-replica call: use it on the driver "
-                               "or in merge_call; inside a step use ctx.all_reduce")
+            raise cross_replica_error("reduce")
         n = self.num_replicas_in_sync
 
         def one(x):
@@ -398,3 +422,12 @@ class Strategy:
         self._check_open()
         with self._replicas_lock():
             return self._group.write(var_id, mode, host, list(want))
+
+
+def _rebuild_strategy(strategy_id: str, name: str, num_replicas: int) -> Any:
+    """A pickled strategy: the strategy itself where it lives (the driver), else the stand-in
+    a step function on a replica gets."""
+    try:
+        return context.lookup(strategy_id)
+    except ValueError:
+        return CapturedStrategy(name, num_replicas)
