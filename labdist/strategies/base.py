@@ -362,7 +362,7 @@ class Strategy:
                           first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
         """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
         (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
-        (loss sum, correct, samples). `model.fit` calls this; strategies differ in where the
+        (loss sum, metric sums, samples). `model.fit` calls this; strategies differ in where the
         step runs. Here: one `run` per group, every replica on its shard of each batch."""
         n = self.num_replicas_in_sync
         iteration = first_iteration

@@ -17,6 +17,7 @@ from labdist import context
 from labdist.input import Batches, shard_bounds
 from labdist.training import layers as layers_mod
 from labdist.training import losses, optimizers, saving
+from labdist.training import metrics as metric_lib
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -81,11 +82,7 @@ class Sequential:
                 steps_per_execution: int = 1) -> None:
         self._loss = losses.get(loss)
         self._optimizer = optimizers.get(optimizer)
-        unknown = [m for m in metrics if m not in ("accuracy", "acc")]
-        if unknown:
-            raise ValueError(f"metrics={list(metrics)!r}: {unknown} not supported; allowed: "
-                             "'accuracy'")
-        self._metrics = ["accuracy"] if metrics else []
+        self._metrics = metric_lib.check(metrics)  # the names; resolved against y in fit
         if isinstance(steps_per_execution, bool) or not isinstance(steps_per_execution, int) \
                 or steps_per_execution < 1:
             raise ValueError(f"steps_per_execution={steps_per_execution!r} must be an integer "
@@ -131,21 +128,19 @@ class Sequential:
         for epoch in range(start, epochs):
             for cb in callbacks:
                 _call(cb, "on_epoch_begin", epoch)
-            loss_sum = correct = seen = 0.0
+            loss_sum, sums, seen = 0.0, np.zeros(len(self._metrics)), 0.0
+            step = self._train_step(y)
             groups = _chunks(list(batches), self._steps_per_execution)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
             done = 0
-            outputs = self._strategy.train_model_steps(self._train_step(), groups,
-                                                       self._iterations)
+            outputs = self._strategy.train_model_steps(step, groups, self._iterations)
             for group, group_outputs in zip(groups, outputs, strict=True):
-                for out_loss, out_correct, n in group_outputs:
-                    loss_sum, correct, seen = loss_sum + out_loss, correct + out_correct, seen + n
+                for out_loss, out_sums, n in group_outputs:
+                    loss_sum, sums, seen = loss_sum + out_loss, sums + out_sums, seen + n
                 done += len(group)
                 self._iterations += len(group)
-                bar.update(done, self._running_logs(loss_sum, correct, seen))
-            logs = {"loss": loss_sum / seen}
-            if self._metrics:
-                logs["accuracy"] = correct / seen
+                bar.update(done, self._running_logs(loss_sum, sums, seen))
+            logs = self._running_logs(loss_sum, sums, seen)
             if validation_data is not None:
                 val = self.evaluate(*validation_data, batch_size=batch_size, verbose=0,
                                     return_dict=True)
@@ -160,16 +155,22 @@ class Sequential:
             _call(cb, "on_train_end", logs)
         return history
 
-    def _running_logs(self, loss_sum: float, correct: float, seen: float) -> dict[str, float]:
-        logs = {"loss": loss_sum / seen}
-        if self._metrics:
-            logs["accuracy"] = correct / seen
+    def _running_logs(self, loss_sum: float, sums: np.ndarray, seen: float) -> dict[str, float]:
+        """Keras' logs: the mean loss, then each compiled metric's mean, by the name given."""
+        logs = {"loss": float(loss_sum) / seen}
+        for name, total in zip(self._metrics, sums, strict=True):
+            logs[name] = float(total) / seen
         return logs
 
-    def _train_step(self) -> TrainStep:
+    def _resolved_metrics(self, y: np.ndarray) -> tuple:
+        width = next((layer.units for layer in reversed(self.layers)
+                      if hasattr(layer, "units")), 1)
+        return metric_lib.resolve(self._metrics, y.shape, width)
+
+    def _train_step(self, y: np.ndarray) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, bool(self._metrics))
+                         self.seed, self._resolved_metrics(y))
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
@@ -177,15 +178,16 @@ class Sequential:
         x, y = _arrays(x, y)
         verbose = check_verbose(verbose)
         self._ensure_ready(x)
-        loss_sum = correct = seen = 0.0
+        loss_sum, sums, seen = 0.0, np.zeros(len(self._metrics)), 0.0
         batches = Batches((x, y), _positive_int("batch_size", batch_size))
         bar = ProgressBar("Evaluate", len(batches), verbose)
+        resolved = self._resolved_metrics(y)
         for done, (bx, by) in enumerate(batches, start=1):
-            for r_loss, r_correct in self._run_forward(bx, by):
-                loss_sum, correct = loss_sum + r_loss, correct + r_correct
+            for r_loss, r_sums in self._run_forward(bx, by, resolved):
+                loss_sum, sums = loss_sum + r_loss, sums + r_sums
             seen += len(bx)
-            bar.update(done, self._running_logs(float(loss_sum), float(correct), seen))
-        logs = self._running_logs(float(loss_sum), float(correct), len(x))
+            bar.update(done, self._running_logs(loss_sum, sums, seen))
+        logs = self._running_logs(loss_sum, sums, len(x))
         bar.finish(logs)
         if return_dict:
             return logs
@@ -205,14 +207,14 @@ class Sequential:
         bar.finish({})
         return np.concatenate(outs)
 
-    def _run_forward(self, bx, by) -> list:
+    def _run_forward(self, bx, by, metrics: tuple = ()) -> list:
         n = self._strategy.num_replicas_in_sync
         bounds = shard_bounds(len(bx), n)
         xs = [bx[bounds[r]:bounds[r + 1]] for r in range(n)]
         ys = None if by is None else [by[bounds[r]:bounds[r + 1]] for r in range(n)]
         out = self._strategy.run(forward_step, args=(
             self.layers, self._weights, _per_replica(xs),
-            None if ys is None else _per_replica(ys), self._loss))
+            None if ys is None else _per_replica(ys), self._loss, metrics))
         return list(self._strategy.experimental_local_results(out))
 
     @property
