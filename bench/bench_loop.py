@@ -90,12 +90,9 @@ def loop_steps(mode: str, batch: int, steps: int, reps: int = 3) -> float:
     with ld.MirroredStrategy(num_replicas=2, device="cpu") as strategy:
         step, batch_step = make_step(ld, _model(ld, strategy))
         if mode.startswith("dff"):
-            per = batch // 2
-
-            def dataset_fn(ctx):
-                lo = ctx.input_pipeline_id * per
-                return [(x[i + lo:i + lo + per], y[i + lo:i + lo + per])
-                        for i in range(0, len(x), batch)]
+            def dataset_fn(ctx):  # one pipeline; the replicas take its batches in turn
+                per = ctx.get_per_replica_batch_size(batch)
+                return [(x[i:i + per], y[i:i + per]) for i in range(0, len(x), per)]
 
             dataset = strategy.distribute_datasets_from_function(dataset_fn)
         else:

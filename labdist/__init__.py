@@ -8,7 +8,12 @@ from labdist.context import (
     in_cross_replica_context,
 )
 from labdist.devices import to_host
-from labdist.enums import ReduceOp, VariableAggregation, VariableSynchronization
+from labdist.enums import (
+    InputReplicationMode,
+    ReduceOp,
+    VariableAggregation,
+    VariableSynchronization,
+)
 from labdist.errors import (
     ClusterConnectionError,
     CollectiveMismatchError,
@@ -22,6 +27,7 @@ from labdist.errors import (
     ReplicaUnresponsiveError,
 )
 from labdist.input import InputContext, batches
+from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
 from labdist.strategies import (
     ClusterCoordinator,
@@ -46,6 +52,8 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
     "Lab",
     "LabdistError",
     "MirroredStrategy",

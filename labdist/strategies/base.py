@@ -19,19 +19,15 @@ from typing import Any
 import numpy as np
 
 from labdist import context, nest, shipping
-from labdist.enums import ReduceOp
+from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     CollectiveMismatchError,
     PeerAbortedError,
     ReplicaLostError,
     ReplicaUnresponsiveError,
 )
-from labdist.input import (
-    DatasetsFromFunction,
-    DistributedDataset,
-    InputContext,
-    shard_bounds,
-)
+from labdist.input import DistributedDataset, InputContext, shard_bounds
+from labdist.input_pipelines import DatasetsFromFunction, InputOptions
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs, uneven_pipelines
 from labdist.strategies.reduce import reduce_value
@@ -50,6 +46,9 @@ class Strategy:
     # TF's MirroredStrategy gives a one-component per-replica value with one replica;
     # OneDeviceStrategy (and the default strategy) the plain value.
     _wrap_single = False
+    # distribute_datasets_from_function: one pipeline per worker, TF's default; True where
+    # every replica has a worker of its own (MultiWorkerMirroredStrategy)
+    _pipeline_per_replica = False
 
     def __init__(self, group):
         self._id = uuid.uuid4().hex
@@ -300,16 +299,22 @@ class Strategy:
 
     def distribute_datasets_from_function(
             self, dataset_fn: Callable[[InputContext], Iterable[Any]],
-            options: Any = None) -> DatasetsFromFunction:
-        """One input pipeline per replica (each replica lives on its own worker, as in TF's
-        multi-worker strategies): `dataset_fn(input_context)` is called here, on the driver,
-        once per replica, and returns that replica's batches (per-replica batch size: see
-        `input_context.get_per_replica_batch_size`). Iterating gives PerReplica batches for
-        `strategy.run`. `options` (TF's `InputOptions`) is not supported: pass None."""
-        if options is not None:
-            raise TypeError(f"options={options!r}: labdist has no input options; pass None")
+            options: InputOptions | None = None) -> DatasetsFromFunction:
+        """Input pipelines made by `dataset_fn(input_context)`, called here on the driver, as
+        TF's strategy calls it: once per worker (here: once, shared by the replicas, which take
+        its consecutive batches in turn; once per replica for MultiWorkerMirroredStrategy,
+        whose replicas each have a worker), or once per replica with
+        `InputOptions(experimental_replication_mode=InputReplicationMode.PER_REPLICA)`. Each
+        batch is one replica's (per-replica batch size: `input_context.
+        get_per_replica_batch_size`). Iterating gives PerReplica batches for `strategy.run`;
+        a replica whose input ran out gets an empty batch until every replica's has."""
+        if options is not None and not isinstance(options, InputOptions):
+            raise TypeError(f"options={options!r} must be None or an ld.InputOptions")
         self._check_open()
-        return DatasetsFromFunction(dataset_fn, self.num_replicas_in_sync)
+        per_replica = self._pipeline_per_replica or (
+            options is not None and options.experimental_replication_mode
+            is InputReplicationMode.PER_REPLICA)
+        return DatasetsFromFunction(dataset_fn, self.num_replicas_in_sync, per_replica)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component of `value` (a PerReplica, a variable, or a
