@@ -239,13 +239,51 @@ class Batches:
         return full + (1 if rest and not self.drop_remainder else 0)
 
     def __iter__(self) -> Iterator[Any]:
+        return _Pass(self)
+
+    def _order(self) -> np.ndarray:
+        """This pass's order of the samples (the next pass's, with shuffle, differs)."""
         order = np.arange(self._n)
         if self.shuffle:
             order = np.random.default_rng((self._seed, self._epoch)).permutation(self._n)
         self._epoch += 1
-        for i in range(len(self)):
-            idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
-            yield nest.unflatten(self._treedef, [a[idx] for a in self._arrays])
+        return order
+
+    def _batch(self, order: np.ndarray, i: int) -> Any:
+        idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
+        return nest.unflatten(self._treedef, [a[idx] for a in self._arrays])
+
+
+class _Pass:
+    """One pass over `Batches`. `skip(k)` passes over batches without making them (a replica
+    keeping its batch of every N of a shared pipeline copies only its own); `empty()` is a
+    batch of no samples."""
+
+    def __init__(self, batches: Batches):
+        self._batches, self._order, self._i = batches, None, 0
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self._order is None:  # drawn when the pass starts, as a generator would
+            self._order = self._batches._order()
+        if self._i >= len(self._batches):
+            raise StopIteration
+        self._i += 1
+        return self._batches._batch(self._order, self._i - 1)
+
+    def empty(self) -> Any:
+        """A batch of no samples: the arrays' structure with 0 rows."""
+        return nest.unflatten(self._batches._treedef, [a[:0] for a in self._batches._arrays])
+
+    def skip(self, count: int) -> int:
+        """Pass over up to `count` batches; how many there were."""
+        if self._order is None:
+            self._order = self._batches._order()
+        skipped = min(count, len(self._batches) - self._i)
+        self._i += skipped
+        return skipped
 
 
 def batches(arrays: Any, global_batch_size: int, *, shuffle: bool = False,

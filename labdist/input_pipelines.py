@@ -13,7 +13,8 @@ knows it from the static batch size) instead stops at the first step some replic
 fill.
 
 Where the pipelines live on the replicas (`strategies/inputs.py` moves them), every replica
-keeps a copy of the shared pipeline, iterates it in full and keeps its own batch of each N:
+keeps a copy of the shared pipeline, iterates it in full and keeps its own batch of each N
+(`ld.batches` skips the others' without making them):
 nothing travels per step, and each replica knows where the pipeline ended without asking the
 others. This needs a pipeline that yields the same batches on every replica (seed its
 shuffle: `ld.batches` fixes a seed of its own when given none). Separate pipelines (PER_REPLICA,

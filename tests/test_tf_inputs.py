@@ -100,11 +100,21 @@ def test_one_pipeline_hands_consecutive_batches_to_the_replicas_in_turn(mirrored
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", HOW)
-def test_the_shared_pipeline_ends_with_empty_batches_or_drops_them(mirrored, how):
+@pytest.mark.parametrize("kind", ["ld.batches", "unsized"])
+def test_the_shared_pipeline_ends_with_empty_batches_or_drops_them(mirrored, how, kind):
+    """(ld.batches' replicas skip the others' batches without making them; any other
+    pipeline is iterated in full on each replica: the same steps.)"""
     n = mirrored.num_replicas_in_sync
-    uneven = mirrored.distribute_datasets_from_function(lambda ctx: range_batches(2 * n + 1, 1))
+
+    def dataset_fn(ctx):
+        batches = range_batches(2 * n + 1, 1)
+        return batches if kind == "ld.batches" else Unsized(list(batches))
+
+    uneven = mirrored.distribute_datasets_from_function(dataset_fn)
     steps = [[[k * n + r] if k * n + r < 2 * n + 1 else [] for r in range(n)] for k in range(3)]
     assert read(mirrored, uneven, how) == expect(steps, how)
+    if kind == "unsized":
+        return
     dropped = mirrored.distribute_datasets_from_function(
         lambda ctx: range_batches(2 * n + 1, 1, drop_remainder=True))
     full = steps[:2] if n > 1 else steps  # one replica: every step is full
@@ -163,6 +173,26 @@ def test_an_empty_batch_keeps_the_structure_and_joins_the_collectives(mirrored):
     assert {float(t) for t in totals} == {float(x[n].sum())}
     with pytest.raises(ld.OutOfRangeError):
         mirrored.run(step, args=(it,))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["ld.batches", "unsized"])
+def test_a_shared_pipeline_shorter_than_one_step(mirrored, kind):
+    n = mirrored.num_replicas_in_sync
+    x = np.ones((1, 3), np.float32)
+
+    def dataset_fn(ctx):
+        batches = ld.batches(x, 1)
+        return batches if kind == "ld.batches" else Unsized(list(batches))
+
+    dataset = mirrored.distribute_datasets_from_function(dataset_fn)
+    it = iter(dataset)
+    shapes = mirrored.run(lambda b: b.shape, args=(it,))
+    assert [tuple(s) for s in mirrored.experimental_local_results(shapes)] == \
+        [(1, 3)] + [(0, 3)] * (n - 1)
+    with pytest.raises(ld.OutOfRangeError):
+        mirrored.run(lambda b: b.shape, args=(it,))
+    assert read(mirrored, dataset, "driver") == [[[[1.0] * 3]] + [[]] * (n - 1)]
 
 
 @pytest.mark.timeout(120)

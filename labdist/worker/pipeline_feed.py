@@ -48,15 +48,36 @@ class PipelineFeed(Feed):
                                    "the driver sends it again with the next call")
             position = feeds[self.key] = _Position(iter(self.pipeline))
         n = self.num_replicas
-        if self.shared:
+        if self.shared and hasattr(position.iterator, "skip") and \
+                hasattr(position.iterator, "empty"):
+            batch = self._skipping(position)
+        elif self.shared:
             chunk = list(itertools.islice(position.iterator, n))
             batch = chunk_for(chunk, self.rank, n, self.drop)
+            if batch is not END and position.template is None:
+                position.template = chunk[0]
         else:
             batch = self._own(position)
         if batch is END:
             raise input_ended(step, steps)
         position.taken += 1
         return batch
+
+    def _skipping(self, position: _Position) -> Any:
+        """The shared pipeline's step, making only this replica's batch (`ld.batches`)."""
+        n, rank, iterator = self.num_replicas, self.rank, position.iterator
+        before = iterator.skip(rank)
+        mine = next(iterator, END) if before == rank else END
+        after = iterator.skip(n - rank - 1) if mine is not END else 0
+        count = before + (mine is not END) + after
+        if count == 0 or (self.drop and count < n):
+            return END
+        if mine is not END:
+            position.template = mine
+            return mine
+        if position.template is None:  # no batch of its own yet: the pipeline knows its kind
+            return iterator.empty()
+        return empty_like(position.template, "distribute_datasets_from_function")
 
     def _own(self, position: _Position) -> Any:
         batch = next(position.iterator, END)
