@@ -233,3 +233,16 @@ def test_an_unseeded_shuffle_is_the_same_in_every_copy():
     first = [b.tolist() for b in batches]
     assert first == [b.tolist() for b in copy]
     assert [b.tolist() for b in batches] != first  # each pass still differs
+
+
+@pytest.mark.timeout(180)
+def test_inputs_end_alike_on_every_device_and_transport(strategy):
+    """The strict GPU double and Dask comms: the per-step all-reduce of pipelines without
+    len(), and empty batches moved to the device."""
+    n = strategy.num_replicas_in_sync
+    unsized = strategy.distribute_datasets_from_function(
+        lambda ctx: Unsized(list(range_batches(7, 1, shard=(n, ctx.input_pipeline_id)))),
+        options=PER_REPLICA)
+    assert read(strategy, unsized, "run") == sharded_steps(n)
+    shared = strategy.distribute_datasets_from_function(lambda ctx: range_batches(n + 1, 1))
+    assert read(strategy, shared, "run-2") == [[[n]] + [[]] * (n - 1)]
