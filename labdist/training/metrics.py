@@ -43,8 +43,10 @@ class Metric(NamedTuple):
 
 
 def check(metrics) -> list[str]:
-    """The names compile was given, checked."""
-    if isinstance(metrics, str) or metrics is None:
+    """The names compile was given (None: none, as Keras), checked."""
+    if metrics is None:
+        return []
+    if isinstance(metrics, str):
         raise TypeError(f"metrics={metrics!r} must be a list of metric names")
     names = list(metrics)
     unknown = [m for m in names if not isinstance(m, str) or m not in NAMES]

@@ -54,8 +54,6 @@ class PipelineFeed(Feed):
         elif self.shared:
             chunk = list(itertools.islice(position.iterator, n))
             batch = chunk_for(chunk, self.rank, n, self.drop)
-            if batch is not END and position.template is None:
-                position.template = chunk[0]
         else:
             batch = self._own(position)
         if batch is END:
@@ -72,12 +70,7 @@ class PipelineFeed(Feed):
         count = before + (mine is not END) + after
         if count == 0 or (self.drop and count < n):
             return END
-        if mine is not END:
-            position.template = mine
-            return mine
-        if position.template is None:  # no batch of its own yet: the pipeline knows its kind
-            return iterator.empty()
-        return empty_like(position.template, "distribute_datasets_from_function")
+        return iterator.empty() if mine is END else mine
 
     def _own(self, position: _Position) -> Any:
         batch = next(position.iterator, END)
