@@ -94,6 +94,7 @@ class DistributedIterator:
         self._elements = elements
         self._pipelines = pipelines
         self.source = source  # the DatasetsFromFunction it iterates, if any
+        self._pickled: list[bytes] | None = None  # its pipelines, once they may move
         self._started = False  # next() was called here: its pipelines cannot move any more
         self.remote_key: str | None = None  # set once its pipelines live on the replicas
 
@@ -113,21 +114,25 @@ class DistributedIterator:
         """Up to `count` next elements, on the driver (fewer where the input ends)."""
         return list(itertools.islice(self, count))
 
-    def movable_pipelines(self) -> list[Any] | None:
-        """The pipelines, if they may move to the replicas: never drawn from here,
-        re-iterable (an iterator's position is shared with this process) and picklable."""
+    def movable_pipelines(self) -> list[bytes] | None:
+        """The pipelines, pickled, if they may move to the replicas: never drawn from here,
+        re-iterable (an iterator's position is shared with this process) and picklable. Each
+        is pickled once, however many replicas get a copy."""
         if self._pipelines is None or self._started:
             return None
-        import cloudpickle
+        if self._pickled is None:
+            import cloudpickle
 
-        for pipeline in self._pipelines:
-            if iter(pipeline) is pipeline:
-                return None
-            try:
-                cloudpickle.dumps(pipeline)
-            except Exception:
-                return None
-        return self._pipelines
+            pickled = []
+            for pipeline in self._pipelines:
+                if iter(pipeline) is pipeline:
+                    return None
+                try:
+                    pickled.append(cloudpickle.dumps(pipeline))
+                except Exception:
+                    return None
+            self._pickled = pickled
+        return self._pickled
 
     def move(self) -> str:
         """Mark the pipelines as living on the replicas; the key they are held under there."""

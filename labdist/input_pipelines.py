@@ -118,6 +118,12 @@ class DatasetsFromFunction:
         self.shared = count == 1
         self.drop_remainder = any(declares_drop_remainder(d) for d in self._datasets)
 
+    def lengths(self) -> list[int] | None:
+        """Each pipeline's declared number of batches, where every one declares it."""
+        if all(hasattr(d, "__len__") for d in self._datasets):
+            return [len(d) for d in self._datasets]
+        return None
+
     def __iter__(self) -> DistributedIterator:
         steps = self._shared_steps() if self.shared else self._zipped_steps()
         return DistributedIterator(steps, self._datasets, self)

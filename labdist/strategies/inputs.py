@@ -96,12 +96,10 @@ def _pipeline_feeds(key: str, leaf: DistributedIterator, holding: set[int],
                     n: int) -> list[PipelineFeed]:
     """Each replica's feed of a moved iterator: the shared pipeline (a copy each) or its own,
     with what it needs to end as TF does without asking the driver."""
-    source, pipelines = leaf.source, leaf._pipelines
+    source, pickled = leaf.source, leaf.movable_pipelines()
     shared = source.shared
-    lengths = None
-    if not shared and all(hasattr(p, "__len__") for p in pipelines):
-        lengths = [len(p) for p in pipelines]
-    return [PipelineFeed(key, None if r in holding else pipelines[0 if shared else r], r, n,
+    lengths = source.lengths() if not shared else None
+    return [PipelineFeed(key, None if r in holding else pickled[0 if shared else r], r, n,
                          shared, lengths, source.drop_remainder) for r in range(n)]
 
 

@@ -4,6 +4,7 @@ worker (labdist/input_pipelines.py has the rules; strategies/inputs.py moves the
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,8 +26,8 @@ class _Position:
 
 class PipelineFeed(Feed):
     """A replica's input from a pipeline that lives on its worker under `key`. The driver sends
-    the pipeline itself until the replica has used it, then None; a pipeline already here is
-    never replaced (its position is kept).
+    the pipeline (pickled once there) until the replica has used it, then None; a pipeline
+    already here is never replaced (its position is kept).
 
     `shared`: every replica holds a copy of the one pipeline and keeps batch k*N + rank of step
     k. Otherwise the pipeline is this replica's own; `lengths` (each replica's declared
@@ -34,7 +35,7 @@ class PipelineFeed(Feed):
 
     __slots__ = ("drop", "key", "lengths", "num_replicas", "pipeline", "rank", "shared")
 
-    def __init__(self, key: str, pipeline: Any | None, rank: int, num_replicas: int,
+    def __init__(self, key: str, pipeline: bytes | None, rank: int, num_replicas: int,
                  shared: bool, lengths: list[int] | None, drop: bool):
         self.key, self.pipeline, self.rank = key, pipeline, rank
         self.num_replicas, self.shared, self.lengths, self.drop = \
@@ -46,7 +47,7 @@ class PipelineFeed(Feed):
             if self.pipeline is None:
                 raise RuntimeError(f"this replica does not hold input pipeline {self.key}; "
                                    "the driver sends it again with the next call")
-            position = feeds[self.key] = _Position(iter(self.pipeline))
+            position = feeds[self.key] = _Position(iter(pickle.loads(self.pipeline)))
         n = self.num_replicas
         if self.shared and hasattr(position.iterator, "skip") and \
                 hasattr(position.iterator, "empty"):
