@@ -90,12 +90,11 @@ def loop_steps(mode: str, batch: int, steps: int, reps: int = 3) -> float:
     with ld.MirroredStrategy(num_replicas=2, device="cpu") as strategy:
         step, batch_step = make_step(ld, _model(ld, strategy))
         if mode.startswith("dff"):
-            per = batch // 2
-
-            def dataset_fn(ctx):
-                lo = ctx.input_pipeline_id * per
-                return [(x[i + lo:i + lo + per], y[i + lo:i + lo + per])
-                        for i in range(0, len(x), batch)]
+            def dataset_fn(ctx):  # TF's idiom: each pipeline its share of the batches (all
+                # of them for MirroredStrategy's one pipeline, whose replicas take them in turn)
+                per = ctx.get_per_replica_batch_size(batch)
+                n, first = ctx.num_input_pipelines, ctx.input_pipeline_id * per
+                return [(x[i:i + per], y[i:i + per]) for i in range(first, len(x), n * per)]
 
             dataset = strategy.distribute_datasets_from_function(dataset_fn)
         else:

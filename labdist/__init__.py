@@ -8,7 +8,12 @@ from labdist.context import (
     in_cross_replica_context,
 )
 from labdist.devices import to_host
-from labdist.enums import ReduceOp, VariableAggregation, VariableSynchronization
+from labdist.enums import (
+    InputReplicationMode,
+    ReduceOp,
+    VariableAggregation,
+    VariableSynchronization,
+)
 from labdist.errors import (
     ClusterConnectionError,
     CollectiveMismatchError,
@@ -23,6 +28,7 @@ from labdist.errors import (
     SaveError,
 )
 from labdist.input import InputContext, batches
+from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
@@ -46,6 +52,8 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "InputContext",
+    "InputOptions",
+    "InputReplicationMode",
     "Lab",
     "LabdistError",
     "MirroredStrategy",

@@ -48,3 +48,11 @@ class ReduceOp(_NamedEnum):
 
     SUM = "SUM"
     MEAN = "MEAN"
+
+
+class InputReplicationMode(_NamedEnum):
+    """How `distribute_datasets_from_function` makes pipelines: one per worker (shared by its
+    replicas) or one per replica."""
+
+    PER_WORKER = "PER_WORKER"
+    PER_REPLICA = "PER_REPLICA"

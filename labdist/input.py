@@ -1,6 +1,7 @@
-"""Distributing input: split global batches across replicas in order, one input pipeline per
-replica (`distribute_datasets_from_function`), the `InputContext` a pipeline's `dataset_fn`
-gets, and a helper that makes global batches from arrays."""
+"""Distributing input: split global batches across replicas in order, the distributed
+iterator and the feeds that stand for its elements in a step, the `InputContext` a pipeline's
+`dataset_fn` gets (input_pipelines.py makes those pipelines), and a helper that makes global
+batches from arrays."""
 
 from __future__ import annotations
 
@@ -85,12 +86,15 @@ class DistributedIterator:
     element (a PerReplica per leaf). Passed to `strategy.run` as an argument it *feeds* the
     step: each step of the call takes the iterator's next element in its place. A
     `distribute_datasets_from_function` iterator whose pipelines can travel (re-iterable and
-    picklable) is then moved to the replicas, each pipeline to its replica, and its batches are
-    made there: from then on only `strategy.run` may draw from it."""
+    picklable) is then moved to the replicas (`source` says how they are shared), and its
+    batches are made there: from then on only `strategy.run` may draw from it."""
 
-    def __init__(self, elements: Iterator[Any], pipelines: list[Any] | None = None):
+    def __init__(self, elements: Iterator[Any], pipelines: list[Any] | None = None,
+                 source: Any = None):
         self._elements = elements
         self._pipelines = pipelines
+        self.source = source  # the DatasetsFromFunction it iterates, if any
+        self._pickled: list[bytes] | None = None  # its pipelines, once they may move
         self._started = False  # next() was called here: its pipelines cannot move any more
         self.remote_key: str | None = None  # set once its pipelines live on the replicas
 
@@ -115,21 +119,25 @@ class DistributedIterator:
         """The per-replica input pipelines (`distribute_datasets_from_function`), else None."""
         return self._pipelines
 
-    def movable_pipelines(self) -> list[Any] | None:
-        """The per-replica pipelines, if they may move to the replicas: never drawn from here,
-        re-iterable (an iterator's position is shared with this process) and picklable."""
+    def movable_pipelines(self) -> list[bytes] | None:
+        """The pipelines, pickled, if they may move to the replicas: never drawn from here,
+        re-iterable (an iterator's position is shared with this process) and picklable. Each
+        is pickled once, however many replicas get a copy."""
         if self._pipelines is None or self._started:
             return None
-        import cloudpickle
+        if self._pickled is None:
+            import cloudpickle
 
-        for pipeline in self._pipelines:
-            if iter(pipeline) is pipeline:
-                return None
-            try:
-                cloudpickle.dumps(pipeline)
-            except Exception:
-                return None
-        return self._pipelines
+            pickled = []
+            for pipeline in self._pipelines:
+                if iter(pipeline) is pipeline:
+                    return None
+                try:
+                    pickled.append(cloudpickle.dumps(pipeline))
+                except Exception:
+                    return None
+            self._pickled = pickled
+        return self._pickled
 
     def move(self) -> str:
         """Mark the pipelines as living on the replicas; the key they are held under there."""
@@ -145,7 +153,8 @@ class Feed:
         raise NotImplementedError
 
 
-def _ended(step: int, steps: int) -> OutOfRangeError:
+def input_ended(step: int, steps: int) -> OutOfRangeError:
+    """The error of a step that finds its input ended."""
     ran = f"the {step} step(s) before it ran" if step else "nothing ran"
     return OutOfRangeError(f"the input ended: step {step + 1} of this strategy.run(steps="
                            f"{steps}) has no element ({ran})")
@@ -161,31 +170,8 @@ class DrawnFeed(Feed):
 
     def take(self, step, steps, feeds):
         if step >= len(self.elements):
-            raise _ended(step, steps)
+            raise input_ended(step, steps)
         return self.elements[step]
-
-
-class PipelineFeed(Feed):
-    """This replica's own input pipeline, which lives on its worker under `key`. The driver
-    sends the pipeline itself until the replica has used it, then None; a pipeline already
-    here is never replaced (its position is kept)."""
-
-    __slots__ = ("key", "pipeline")
-
-    def __init__(self, key: str, pipeline: Any | None):
-        self.key, self.pipeline = key, pipeline
-
-    def take(self, step, steps, feeds):
-        iterator = feeds.get(self.key)
-        if iterator is None:
-            if self.pipeline is None:
-                raise RuntimeError(f"this replica does not hold input pipeline {self.key}; "
-                                   "the driver sends it again with the next call")
-            iterator = feeds[self.key] = iter(self.pipeline)
-        try:
-            return next(iterator)
-        except StopIteration:
-            raise _ended(step, steps) from None
 
 
 def run_steps(fn: Callable, args: tuple, kwargs: dict, steps: int, feeds: dict[str, Any],
@@ -215,7 +201,7 @@ def run_steps(fn: Callable, args: tuple, kwargs: dict, steps: int, feeds: dict[s
 class InputContext:
     """What a `dataset_fn(input_context)` learns about the input pipeline it makes (TF's
     `tf.distribute.InputContext`): `strategy.distribute_datasets_from_function` makes one per
-    replica, a `ClusterCoordinator`'s per-worker dataset one per worker."""
+    input pipeline, a `ClusterCoordinator`'s per-worker dataset one per worker."""
 
     num_input_pipelines: int
     input_pipeline_id: int
@@ -230,67 +216,6 @@ class InputContext:
             raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                              f"num_replicas_in_sync={self.num_replicas_in_sync}")
         return int(global_batch_size) // self.num_replicas_in_sync
-
-
-class DatasetsFromFunction:
-    """One input pipeline per replica: `dataset_fn(InputContext(N, r, N))` for each replica r,
-    called on the driver when this is made; iterating zips the pipelines, so each element is
-    the batches' structure with a PerReplica at each leaf (replica r's batch from pipeline r).
-
-    A step needs a batch on every replica: iteration ends when every pipeline ends, and a
-    pipeline that ends before the others raises ValueError (no batch is dropped silently).
-    Re-iterable where each pipeline is."""
-
-    def __init__(self, dataset_fn: Callable[[InputContext], Iterable[Any]], num_replicas: int):
-        if not callable(dataset_fn):
-            raise TypeError(f"dataset_fn={dataset_fn!r} is not callable; pass a function "
-                            "taking an InputContext and returning an iterable of per-replica "
-                            "batches")
-        self._num_replicas = num_replicas
-        self._datasets = []
-        for r in range(num_replicas):
-            dataset = dataset_fn(InputContext(num_replicas, r, num_replicas))
-            if isinstance(dataset, str | bytes) or not isinstance(dataset, Iterable):
-                raise TypeError(f"dataset_fn returned {dataset!r} for input_pipeline_id={r}; "
-                                "it must return an iterable of per-replica batches")
-            self._datasets.append(dataset)
-
-    def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(self._zipped(), self._datasets)
-
-    def _zipped(self) -> Iterator[Any]:
-        iterators = [iter(d) for d in self._datasets]
-        step = 0
-        while True:
-            batches, ended = [], []
-            for r, it in enumerate(iterators):
-                try:
-                    batches.append(next(it))
-                except StopIteration:
-                    ended.append(r)
-            if len(ended) == len(iterators):
-                return
-            if ended:
-                raise ValueError(
-                    f"distribute_datasets_from_function: input pipeline(s) {ended} ended after "
-                    f"{step} batches while the others had more; every pipeline must yield the "
-                    "same number of batches (each step needs a batch on every replica)")
-            yield _per_replica_structure(batches, step)
-            step += 1
-
-
-def _per_replica_structure(batches: list[Any], step: int) -> Any:
-    if len(batches) == 1:
-        return batches[0]
-    flat = [nest.flatten(b) for b in batches]
-    treedef = flat[0][1]
-    for r, (_, t) in enumerate(flat):
-        if t != treedef:
-            raise ValueError(
-                f"distribute_datasets_from_function: batch {step} has different structures in "
-                f"input pipeline 0 ({nest.describe(treedef)}) and {r} ({nest.describe(t)})")
-    return nest.unflatten(treedef, [PerReplica(f[0][i] for f in flat)
-                                    for i in range(len(flat[0][0]))])
 
 
 class Batches:
@@ -314,6 +239,9 @@ class Batches:
         self._n = lengths.pop()
         self.global_batch_size = int(global_batch_size)
         self.shuffle, self.seed, self.drop_remainder = shuffle, seed, drop_remainder
+        # without a seed, one drawn now: every copy of this object (the replicas' copies of a
+        # shared input pipeline) shuffles alike, and each pass still differs
+        self._seed = np.random.SeedSequence().entropy if seed is None else seed
         self._epoch = 0
 
     def __len__(self) -> int:
@@ -321,14 +249,51 @@ class Batches:
         return full + (1 if rest and not self.drop_remainder else 0)
 
     def __iter__(self) -> Iterator[Any]:
+        return _Pass(self)
+
+    def _order(self) -> np.ndarray:
+        """This pass's order of the samples (the next pass's, with shuffle, differs)."""
         order = np.arange(self._n)
         if self.shuffle:
-            seed = None if self.seed is None else (self.seed, self._epoch)
-            order = np.random.default_rng(seed).permutation(self._n)
+            order = np.random.default_rng((self._seed, self._epoch)).permutation(self._n)
         self._epoch += 1
-        for i in range(len(self)):
-            idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
-            yield nest.unflatten(self._treedef, [a[idx] for a in self._arrays])
+        return order
+
+    def _batch(self, order: np.ndarray, i: int) -> Any:
+        idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
+        return nest.unflatten(self._treedef, [a[idx] for a in self._arrays])
+
+
+class _Pass:
+    """One pass over `Batches`. `skip(k)` passes over batches without making them (a replica
+    keeping its batch of every N of a shared pipeline copies only its own); `empty()` is a
+    batch of no samples."""
+
+    def __init__(self, batches: Batches):
+        self._batches, self._order, self._i = batches, None, 0
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self._order is None:  # drawn when the pass starts, as a generator would
+            self._order = self._batches._order()
+        if self._i >= len(self._batches):
+            raise StopIteration
+        self._i += 1
+        return self._batches._batch(self._order, self._i - 1)
+
+    def empty(self) -> Any:
+        """A batch of no samples: the arrays' structure with 0 rows."""
+        return nest.unflatten(self._batches._treedef, [a[:0] for a in self._batches._arrays])
+
+    def skip(self, count: int) -> int:
+        """Pass over up to `count` batches; how many there were."""
+        if self._order is None:
+            self._order = self._batches._order()
+        skipped = min(count, len(self._batches) - self._i)
+        self._i += skipped
+        return skipped
 
 
 def batches(arrays: Any, global_batch_size: int, *, shuffle: bool = False,

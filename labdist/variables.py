@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,9 @@ from labdist.worker import context as worker_context
 Sync = VariableSynchronization
 Agg = VariableAggregation
 _ids = itertools.count(1)
+# The variables made in this process, so a handle coming back (a run result) is the variable
+# itself, as in TF (`strategy.run(lambda: v) is v`).
+_made: weakref.WeakValueDictionary[int, Variable] = weakref.WeakValueDictionary()
 _MODES = ("assign", "assign_add", "assign_sub")
 _CONSTANTS = (bool, int, float, complex, list, tuple)  # the same Python value on every replica
 
@@ -69,6 +73,7 @@ class Variable(NDArrayOperatorsMixin):
         self._agg = agg
         self._trainable = trainable
         strategy.extended.create_copies(self._id, host)
+        _made[self._id] = self
 
     # -- identity -------------------------------------------------------------------------------
     name = property(lambda self: self._name)
@@ -354,6 +359,9 @@ def _initial_host(initial_value: Any, dtype: Any) -> np.ndarray:
 
 
 def _rebuild(var_id, strategy_id, name, dtype, shape, sync, agg, trainable) -> Variable:
+    made = _made.get(var_id)
+    if made is not None and made._strategy_id == strategy_id:
+        return made  # back where it was made: the variable itself
     v = Variable.__new__(Variable)
     v._id, v._strategy_id, v._name = var_id, strategy_id, name
     v._dtype, v._shape = np.dtype(dtype), tuple(shape)

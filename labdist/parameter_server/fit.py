@@ -75,7 +75,7 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
 
 
 def _settle(values: list, needed: int) -> list[tuple]:
-    """A group's per-step (loss sum, correct, n) over the shards whose gradients were used,
+    """A group's per-step (loss sum, metric sums, n) over the shards whose gradients were used,
     as soon as `needed` functions came back with every gradient accepted (or all did)."""
     futures = {v.future: v for v in values}
     accepted: list[list] = []
@@ -93,14 +93,15 @@ def _settle(values: list, needed: int) -> list[tuple]:
     out = []
     for j in range(steps):
         used = [r[j] for r in accepted if r[j][0] != "dropped"] or [r[j] for r in accepted]
-        out.append(tuple(float(sum(u[k] for u in used)) for k in (1, 2, 3)))
+        out.append((float(sum(u[1] for u in used)), sum(u[2] for u in used),
+                    float(sum(u[3] for u in used))))
     return out
 
 
 # -- what runs on the workers ----------------------------------------------------------------
 def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     """Pull, compute the gradient of this batch's mean loss, push; (status, loss sum,
-    correct, n)."""
+    metric sums, n)."""
     names = [(i, k, v) for i, w in enumerate(step.weights) for k, v in w.items()]
     values = ctx.pull([v.id for _, _, v in names], step=global_step)
     params = [{k: values[v.id] for k, v in w.items()} for w in step.weights]
@@ -110,7 +111,7 @@ def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None,
                            examples=local)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]
-    return status, float(stats[0]), float(stats[1]) if step.metric else 0.0, local
+    return status, float(stats[0]), np.asarray(stats[1:], np.float64), local
 
 
 def _async_steps(step, batches, first_iteration):

@@ -19,31 +19,35 @@ from typing import Any
 import numpy as np
 
 from labdist import context, nest, shipping
-from labdist.enums import ReduceOp
+from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     CollectiveMismatchError,
     PeerAbortedError,
     ReplicaLostError,
     ReplicaUnresponsiveError,
 )
-from labdist.input import (
-    DatasetsFromFunction,
-    DistributedDataset,
-    InputContext,
-    shard_bounds,
-)
+from labdist.input import DistributedDataset, InputContext, shard_bounds
+from labdist.input_pipelines import DatasetsFromFunction, InputOptions
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs, uneven_pipelines
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
+from labdist.worker.captured_strategy import CapturedStrategy, cross_replica_error
 
 _PY_SCALARS = (bool, int, float, complex)
 
 
 class Strategy:
     """The tf.distribute-shaped API over a replica group."""
+
+    # TF's MirroredStrategy gives a one-component per-replica value with one replica;
+    # OneDeviceStrategy (and the default strategy) the plain value.
+    _wrap_single = False
+    # distribute_datasets_from_function: one pipeline per worker, TF's default; True where
+    # every replica has a worker of its own (MultiWorkerMirroredStrategy)
+    _pipeline_per_replica = False
 
     def __init__(self, group):
         self._id = uuid.uuid4().hex
@@ -102,6 +106,11 @@ class Strategy:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_replicas_in_sync={self._group.num_replicas})"
 
+    def __reduce__(self):
+        """Captured by a step function: on a replica, a stand-in that refuses cross-replica
+        calls with TF's error (on the driver, this strategy again)."""
+        return (_rebuild_strategy, (self._id, type(self).__name__, self.num_replicas_in_sync))
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed; create a new strategy")
@@ -120,8 +129,9 @@ class Strategy:
         replica. An iterator of a distributed dataset as an argument stands for its next
         element (each replica's component). `steps=k` runs `fn` k times in this one call
         (TF's loop inside a `tf.function`), each step taking the next element of every
-        iterator argument, and returns the last step's results. Returns a PerReplica per
-        result leaf (the plain value with one replica).
+        iterator argument, and returns the last step's results. Returns `fn`'s structure
+        with a PerReplica at each leaf (also with one replica, under MirroredStrategy), a
+        leaf that is None on every replica as None, and a variable as the variable itself.
         """
         self._check_open()
         if worker_context.current() is not None:
@@ -140,7 +150,8 @@ class Strategy:
             finally:
                 self._running = False
         self._emit_warnings(events)
-        return self._regroup([e.value for e in events], "the step function's results")
+        return self._regroup([e.value for e in events], "the step function's results",
+                             results=True)
 
     def _run(self, fn: Callable, args: tuple, kwargs: dict | None, steps: int = 1) -> list:
         """Start the step and answer its merge_calls until every replica is done."""
@@ -238,9 +249,17 @@ class Strategy:
 
         return nest.map_structure(pick, tree)
 
-    def _regroup(self, per_rank: list[Any], what: str, constants: bool = False) -> Any:
-        if len(per_rank) == 1:
+    def _regroup(self, per_rank: list[Any], what: str, constants: bool = False,
+                 results: bool = False) -> Any:
+        """One value per replica as one structure with a PerReplica at each leaf (TF's
+        regroup). `results`: `run`'s results, where a leaf that is None everywhere stays None
+        and one replica gives a one-component PerReplica where the strategy says so."""
+        if len(per_rank) == 1 and not (results and self._wrap_single):
             return per_rank[0]
+        return self._regroup_leaves(per_rank, what, constants, results)
+
+    def _regroup_leaves(self, per_rank: list[Any], what: str, constants: bool = False,
+                        results: bool = False) -> Any:
         flat = [nest.flatten(v) for v in per_rank]
         treedef = flat[0][1]
         if any(t != treedef for _, t in flat):
@@ -251,7 +270,9 @@ class Strategy:
         leaves = []
         for i in range(len(flat[0][0])):
             parts = [f[0][i] for f in flat]
-            if isinstance(parts[0], Variable) and all(
+            if results and all(p is None for p in parts):
+                leaves.append(None)
+            elif isinstance(parts[0], Variable) and all(
                     isinstance(p, Variable) and p.id == parts[0].id for p in parts):
                 leaves.append(parts[0])
             elif constants and isinstance(parts[0], _PY_SCALARS) and all(
@@ -270,12 +291,17 @@ class Strategy:
                     warnings.warn(message, category, stacklevel=3)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
-        """PerReplica of `value_fn(ValueContext)` for each replica, computed on the driver."""
+        """`value_fn(ValueContext)` for each replica, computed on the driver, regrouped as TF
+        does: the structure it returns (dicts, lists, tuples, namedtuples keep their type) with
+        a PerReplica at each leaf. Every replica's value must have the same structure."""
         if not callable(value_fn):
             raise TypeError(f"value_fn={value_fn!r} is not callable")
         n = self.num_replicas_in_sync
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
-        return values[0] if n == 1 else PerReplica(values)
+        if n == 1 and not self._wrap_single:
+            return values[0]
+        return self._regroup_leaves(values, "experimental_distribute_values_from_function's "
+                                    "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
         """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
@@ -283,16 +309,22 @@ class Strategy:
 
     def distribute_datasets_from_function(
             self, dataset_fn: Callable[[InputContext], Iterable[Any]],
-            options: Any = None) -> DatasetsFromFunction:
-        """One input pipeline per replica (each replica lives on its own worker, as in TF's
-        multi-worker strategies): `dataset_fn(input_context)` is called here, on the driver,
-        once per replica, and returns that replica's batches (per-replica batch size: see
-        `input_context.get_per_replica_batch_size`). Iterating gives PerReplica batches for
-        `strategy.run`. `options` (TF's `InputOptions`) is not supported: pass None."""
-        if options is not None:
-            raise TypeError(f"options={options!r}: labdist has no input options; pass None")
+            options: InputOptions | None = None) -> DatasetsFromFunction:
+        """Input pipelines made by `dataset_fn(input_context)`, called here on the driver, as
+        TF's strategy calls it: once per worker (here: once, shared by the replicas, which take
+        its consecutive batches in turn; once per replica for MultiWorkerMirroredStrategy,
+        whose replicas each have a worker), or once per replica with
+        `InputOptions(experimental_replication_mode=InputReplicationMode.PER_REPLICA)`. Each
+        batch is one replica's (per-replica batch size: `input_context.
+        get_per_replica_batch_size`). Iterating gives PerReplica batches for `strategy.run`;
+        a replica whose input ran out gets an empty batch until every replica's has."""
+        if options is not None and not isinstance(options, InputOptions):
+            raise TypeError(f"options={options!r} must be None or an ld.InputOptions")
         self._check_open()
-        return DatasetsFromFunction(dataset_fn, self.num_replicas_in_sync)
+        per_replica = self._pipeline_per_replica or (
+            options is not None and options.experimental_replication_mode
+            is InputReplicationMode.PER_REPLICA)
+        return DatasetsFromFunction(dataset_fn, self.num_replicas_in_sync, per_replica)
 
     def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component of `value` (a PerReplica, a variable, or a
@@ -300,8 +332,7 @@ class Strategy:
         `Strategy.gather`). Components need rank >= 1 and equal shapes except along `axis`;
         a value that is not distributed is returned as it is."""
         if worker_context.current() is not None:
-            raise RuntimeError("strategy.gather is a cross-replica call: use it on the driver "
-                               "or in merge_call; inside a step use ctx.all_gather")
+            raise cross_replica_error("gather")
         if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
             raise TypeError(f"axis={axis!r} must be an integer")
 
@@ -334,8 +365,7 @@ class Strategy:
         if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int | np.integer)):
             raise TypeError(f"axis={axis!r} is not allowed; use None or an integer")
         if worker_context.current() is not None:
-            raise RuntimeError("strategy.reduce is a cross-replica call: use it on the driver "
-                               "or in merge_call; inside a step use ctx.all_reduce")
+            raise cross_replica_error("reduce")
         n = self.num_replicas_in_sync
 
         def one(x):
@@ -350,7 +380,7 @@ class Strategy:
                           first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
         """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
         (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
-        (loss sum, correct, samples). `model.fit` calls this; strategies differ in where the
+        (loss sum, metric sums, samples). `model.fit` calls this; strategies differ in where the
         step runs. Here: one `run` per group, every replica on its shard of each batch."""
         n = self.num_replicas_in_sync
         iteration = first_iteration
@@ -392,3 +422,12 @@ class Strategy:
         self._group = group.reform(num_replicas)
         for var_id, host in values.items():
             self._group.create(var_id, host)
+
+
+def _rebuild_strategy(strategy_id: str, name: str, num_replicas: int) -> Any:
+    """A pickled strategy: the strategy itself where it lives (the driver), else the stand-in
+    a step function on a replica gets."""
+    try:
+        return context.lookup(strategy_id)
+    except ValueError:
+        return CapturedStrategy(name, num_replicas)

@@ -2,8 +2,9 @@
 for every replica (labdist/input.py), so the step takes its next element on the replica.
 
 Elements drawn on the driver travel with the call (all k of a `steps=k` call in one message).
-A `distribute_datasets_from_function` iterator whose pipelines can travel goes further: each
-pipeline moves once to its replica, which makes its batches there; nothing travels per step.
+A `distribute_datasets_from_function` iterator whose pipelines can travel goes further: they
+move once to the replicas (a copy of the shared pipeline to every replica, or each replica's
+own), which make their batches there (worker/pipeline_feed.py); nothing travels per step.
 The driver sends a pipeline with every call until its replica has answered a call that used
 it (so a failed first call cannot lose it); the replica keeps the first it gets."""
 
@@ -14,8 +15,9 @@ from typing import Any
 
 from labdist import nest
 from labdist.errors import OutOfRangeError
-from labdist.input import DistributedIterator, DrawnFeed, PipelineFeed
+from labdist.input import DistributedIterator, DrawnFeed
 from labdist.values import PerReplica
+from labdist.worker.pipeline_feed import PipelineFeed
 
 
 class Inputs:
@@ -40,9 +42,11 @@ class Inputs:
             if not isinstance(leaf, DistributedIterator):
                 out.append(leaf)
                 continue
-            if leaf.remote_key is None and self._remote:
+            source = leaf.source
+            if leaf.remote_key is None and self._remote and source is not None and \
+                    source.num_replicas == n:
                 pipelines = leaf.movable_pipelines()
-                if pipelines is not None and len(pipelines) == n:
+                if pipelines is not None:
                     key = leaf.move()
                     self._held[key] = (self._group(), set())
                     weakref.finalize(leaf, self._dropped.append, key)
@@ -55,8 +59,7 @@ class Inputs:
                         "since (strategy.recover or a refresh); their positions are gone. Make "
                         "a new iterator of the dataset")
                 moved.append(key)
-                feeds = [PipelineFeed(key, None if r in holding else leaf.pipelines[r])
-                         for r in range(n)]
+                feeds = _pipeline_feeds(key, leaf, holding, n)
             else:
                 elements = leaf.draw(steps)
                 if not elements:
@@ -89,13 +92,26 @@ class Inputs:
         return gone
 
 
+def _pipeline_feeds(key: str, leaf: DistributedIterator, holding: set[int],
+                    n: int) -> list[PipelineFeed]:
+    """Each replica's feed of a moved iterator: the shared pipeline (a copy each) or its own,
+    with what it needs to end as TF does without asking the driver."""
+    source, pickled = leaf.source, leaf.movable_pipelines()
+    shared = source.shared
+    lengths = source.lengths() if not shared else None
+    return [PipelineFeed(key, None if r in holding else pickled[0 if shared else r], r, n,
+                         shared, lengths, source.drop_remainder) for r in range(n)]
+
+
 def uneven_pipelines(events: list) -> ValueError | None:
-    """For a call whose input lived on the replicas: some replicas' input ended and others'
-    did not, so the pipelines have different lengths."""
+    """For a call whose input lived on the replicas: some replicas found their input ended
+    and others did not, which TF's rules (inputs.py) never give: the replicas' copies of a
+    shared pipeline yielded different batches, or a pipeline's `len()` was not its length."""
     ended = [r for r, e in enumerate(events) if isinstance(e.error, OutOfRangeError)]
     if not ended or len(ended) == len(events):
         return None
     return ValueError(
-        f"distribute_datasets_from_function: the input pipeline(s) of replica(s) {ended} "
-        f"ended before the others' ({events[ended[0]].error}); every pipeline must yield the "
-        "same number of batches (each step needs a batch on every replica)")
+        f"distribute_datasets_from_function: the input of replica(s) {ended} ended while the "
+        f"others' did not ({events[ended[0]].error}); the replicas' copies of a shared pipeline "
+        "must yield the same batches (seed its shuffle), and a pipeline's len() must be its "
+        "number of batches")

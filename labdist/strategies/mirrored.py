@@ -31,6 +31,8 @@ class MirroredStrategy(Strategy):
         GPU replicas). The values come from collectives/registry.py.
     """
 
+    _wrap_single = True  # one replica: run gives one-component PerReplica values, as TF's
+
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,

@@ -20,6 +20,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     Dask comms only, reduce-scatter + all-gather between workers), or "nccl".
     """
 
+    _pipeline_per_replica = True  # one input pipeline per worker, and each replica has one
+
     def __init__(self, cluster: Any = None, communication: str | None = None, *,
                  transport: str | None = None, num_replicas: int | None = None,
                  device: str = "auto", collective_timeout: float = 30.0,

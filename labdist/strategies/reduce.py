@@ -16,6 +16,12 @@ def reduce_per_replica(op: ReduceOp, components: list[Any], axis: int | None) ->
     """Fold the components in replica order with `op`'s row of the aggregation table,
     promoting dtypes as they meet (components need not share one)."""
     agg = aggregation.of(op)
+    for r, c in enumerate(components):
+        if isinstance(c, dict) or (isinstance(c, tuple) and hasattr(c, "_fields")):
+            raise TypeError(
+                f"strategy.reduce({op.name}): replica {r}'s component is a {type(c).__name__}, "
+                "a structure, not an array; reduce a structure of PerReplica values instead "
+                "(what experimental_distribute_values_from_function and strategy.run return)")
     arrays = [np.asarray(c) for c in components]
     for r, (c, a) in enumerate(zip(components, arrays, strict=True)):
         aggregation.check_numeric(c, a.dtype, f"strategy.reduce({op.name}), replica {r}'s value")

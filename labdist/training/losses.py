@@ -1,8 +1,11 @@
 """Losses: loss(xp, y_true, y_pred) -> (mean loss over the batch, d loss / d y_pred).
 
-`sparse_categorical_crossentropy` takes integer labels and probabilities (or logits with
-`from_logits=True`). Its gradient with respect to a softmax layer's *input* is the famous
-`p - onehot`; a model that fuses softmax and this loss can use `fused_softmax_grad`.
+Keras' formulas, for any output width: each loss is a per-sample value (a mean over the last
+axis for the element-wise losses, a sum over classes for cross-entropy) averaged over the
+batch. Targets of one dimension fewer than the output (`y` of shape (n,) for an output of
+(n, 1)) are reshaped to it, as Keras does. Probabilities are clipped to [EPSILON, 1 - EPSILON].
+`sparse_categorical_crossentropy`'s gradient with respect to a softmax layer's *input* is the
+famous `p - onehot`; a model that fuses softmax and this loss can use `fused_softmax_grad`.
 """
 
 from __future__ import annotations
@@ -11,28 +14,97 @@ from typing import NamedTuple
 
 EPSILON = 1e-7  # Keras' clip for probabilities
 
+NAMES = {  # what compile accepts -> the loss's name
+    "mse": "mse", "mean_squared_error": "mse",
+    "mae": "mae", "mean_absolute_error": "mae",
+    "binary_crossentropy": "binary_crossentropy",
+    "categorical_crossentropy": "categorical_crossentropy",
+    "sparse_categorical_crossentropy": "sparse_categorical_crossentropy",
+}
+
 
 class Loss(NamedTuple):
     name: str
     from_logits: bool = False
 
     def __call__(self, xp, y_true, y_pred):
+        if self.name == "sparse_categorical_crossentropy":
+            return _sparse_cce(xp, y_true, y_pred, self.from_logits)
+        y_true = like_output(y_true, y_pred).astype(y_pred.dtype)
         if self.name == "mse":
             return _mse(xp, y_true, y_pred)
-        return _sparse_cce(xp, y_true, y_pred, self.from_logits)
+        if self.name == "mae":
+            return _mae(xp, y_true, y_pred)
+        if self.name == "binary_crossentropy":
+            return _bce(xp, y_true, y_pred, self.from_logits)
+        return _cce(xp, y_true, y_pred, self.from_logits)
+
+
+def like_output(y_true, y_pred):
+    """`y_true` in the output's shape: (n,) targets for an (n, 1) output become (n, 1)."""
+    if y_true.shape == y_pred.shape:
+        return y_true
+    if y_true.size != y_pred.size:
+        raise ValueError(f"targets of shape {y_true.shape} do not match the model's output "
+                         f"of shape {y_pred.shape}")
+    return y_true.reshape(y_pred.shape)
+
+
+def _count(y_pred) -> tuple[int, int]:
+    """(samples, values per sample) of an output."""
+    n = y_pred.shape[0] if y_pred.ndim else 1
+    return max(n, 1), max(y_pred.size // max(n, 1), 1)
 
 
 def _mse(xp, y_true, y_pred):
-    diff = y_pred - y_true.reshape(y_pred.shape).astype(y_pred.dtype)
-    n = diff.shape[0] if diff.ndim else 1
-    per_sample = (diff * diff).reshape(n, -1).mean(axis=1)
-    width = diff.size // max(n, 1)
-    return per_sample.mean(), 2 * diff / (max(n, 1) * max(width, 1))
+    diff = y_pred - y_true
+    n, width = _count(y_pred)
+    return (diff * diff).mean(), 2 * diff / (n * width)
+
+
+def _mae(xp, y_true, y_pred):
+    diff = y_pred - y_true
+    n, width = _count(y_pred)
+    return xp.abs(diff).mean(), xp.sign(diff) / (n * width)
+
+
+def _bce(xp, y_true, y_pred, from_logits):
+    n, width = _count(y_pred)
+    if from_logits:  # Keras' stable form: max(z, 0) - z y + log(1 + exp(-|z|))
+        z = y_pred
+        loss = xp.maximum(z, 0) - z * y_true + xp.log1p(xp.exp(-xp.abs(z)))
+        return loss.mean(), (1 / (1 + xp.exp(-z)) - y_true) / (n * width)
+    p = xp.clip(y_pred, EPSILON, 1 - EPSILON)
+    loss = -(y_true * xp.log(p) + (1 - y_true) * xp.log(1 - p))
+    inside = (y_pred > EPSILON) & (y_pred < 1 - EPSILON)  # the clip passes no gradient
+    grad = (-(y_true / p) + (1 - y_true) / (1 - p)) * inside
+    return loss.mean(), grad / (n * width)
+
+
+def _cce(xp, y_true, y_pred, from_logits):
+    n, _ = _count(y_pred)
+    if from_logits:
+        shifted = y_pred - y_pred.max(axis=-1, keepdims=True)
+        log_p = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+        loss = -(y_true * log_p).sum(axis=-1)
+        grad = xp.exp(log_p) * y_true.sum(axis=-1, keepdims=True) - y_true
+        return loss.mean(), grad / n
+    # Keras: scale the output to sum to 1 along the last axis, clip, -sum(t log q)
+    s = y_pred.sum(axis=-1, keepdims=True)
+    q = y_pred / s
+    clipped = xp.clip(q, EPSILON, 1 - EPSILON)
+    loss = -(y_true * xp.log(clipped)).sum(axis=-1)
+    t = y_true * ((q > EPSILON) & (q < 1 - EPSILON))  # the clip passes no gradient
+    grad = (-t / clipped + t.sum(axis=-1, keepdims=True)) / s
+    return loss.mean(), grad / n
 
 
 def _sparse_cce(xp, y_true, y_pred, from_logits):
     labels = y_true.reshape(-1).astype("int64")
     n = y_pred.shape[0]
+    if labels.shape[0] != n:
+        raise ValueError(f"sparse_categorical_crossentropy takes one integer label per sample: "
+                         f"targets of shape {y_true.shape} for an output of {y_pred.shape}")
     rows = xp.arange(n)
     if from_logits:
         shifted = y_pred - y_pred.max(axis=-1, keepdims=True)
@@ -60,9 +132,6 @@ def fused_softmax_grad(xp, y_true, probs):
 def get(loss, from_logits: bool = False) -> Loss:
     if isinstance(loss, Loss):
         return loss
-    if loss in ("mse", "mean_squared_error"):
-        return Loss("mse")
-    if loss == "sparse_categorical_crossentropy":
-        return Loss("sparse_categorical_crossentropy", from_logits)
-    raise ValueError(
-        f"loss={loss!r} is not supported; allowed: 'mse', 'sparse_categorical_crossentropy'")
+    if isinstance(loss, str) and loss in NAMES:
+        return Loss(NAMES[loss], from_logits)
+    raise ValueError(f"loss={loss!r} is not supported; allowed: {', '.join(NAMES)}")

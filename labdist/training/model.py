@@ -17,6 +17,7 @@ from labdist import checks, context
 from labdist.input import Batches, shard_bounds
 from labdist.training import fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
+from labdist.training import metrics as metric_lib
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -81,20 +82,10 @@ class Sequential:
                 steps_per_execution: int = 1) -> None:
         loss = losses.get(loss)
         optimizer = optimizers.get(optimizer)
-        if isinstance(metrics, str):  # one metric's name, as TF Keras 2 takes it
-            metrics = [metrics]
-        if metrics is None:
-            metrics = []
-        if not isinstance(metrics, Sequence):
-            raise TypeError(f"metrics={metrics!r} is not allowed; use a list of metric names "
-                            "(['accuracy']) or one name")
-        unknown = [m for m in metrics if m not in ("accuracy", "acc")]
-        if unknown:
-            raise ValueError(f"metrics={list(metrics)!r}: {unknown} not supported; allowed: "
-                             "'accuracy'")
+        names = metric_lib.check(metrics)  # the names; resolved against y in fit
         checks.integer("steps_per_execution", steps_per_execution, 1)
         self._loss, self._optimizer = loss, optimizer  # all checked: now change the model
-        self._metrics = ["accuracy"] if metrics else []
+        self._metrics = names
         self._steps_per_execution = int(steps_per_execution)
         self._compiled = True
         self._slots = []
@@ -142,7 +133,7 @@ class Sequential:
         start = max([initial_epoch, *(e for e in resume if e is not None)])
         steps_before = self._iterations
         try:
-            return self._epochs(start, epochs, batches, batch_size, verbose, callbacks,
+            return self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
                                 validation_data, history)
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
@@ -150,27 +141,25 @@ class Sequential:
                            "this error; the weights hold their updates")
             raise
 
-    def _epochs(self, start, epochs, batches, batch_size, verbose, callbacks, validation_data,
-                history) -> History:
+    def _epochs(self, start, epochs, batches, y, batch_size, verbose, callbacks,
+                validation_data, history) -> History:
         logs: dict[str, float] = {}
         for epoch in range(start, epochs):
             for cb in callbacks:
                 _call(cb, "on_epoch_begin", epoch)
-            loss_sum = correct = seen = 0.0
+            loss_sum, sums, seen = 0.0, np.zeros(len(self._metrics)), 0.0
+            step = self._train_step(y)
             groups = _chunks(list(batches), self._steps_per_execution)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
             done = 0
-            outputs = self._strategy.train_model_steps(self._train_step(), groups,
-                                                       self._iterations)
+            outputs = self._strategy.train_model_steps(step, groups, self._iterations)
             for group, group_outputs in zip(groups, outputs, strict=True):
-                for out_loss, out_correct, n in group_outputs:
-                    loss_sum, correct, seen = loss_sum + out_loss, correct + out_correct, seen + n
+                for out_loss, out_sums, n in group_outputs:
+                    loss_sum, sums, seen = loss_sum + out_loss, sums + out_sums, seen + n
                 done += len(group)
                 self._iterations += len(group)
-                bar.update(done, self._running_logs(loss_sum, correct, seen))
-            logs = {"loss": loss_sum / seen}
-            if self._metrics:
-                logs["accuracy"] = correct / seen
+                bar.update(done, self._running_logs(loss_sum, sums, seen))
+            logs = self._running_logs(loss_sum, sums, seen)
             if validation_data is not None:
                 val = self.evaluate(*validation_data, batch_size=batch_size, verbose=0,
                                     return_dict=True)
@@ -185,16 +174,22 @@ class Sequential:
             _call(cb, "on_train_end", logs)
         return history
 
-    def _running_logs(self, loss_sum: float, correct: float, seen: float) -> dict[str, float]:
-        logs = {"loss": loss_sum / seen}
-        if self._metrics:
-            logs["accuracy"] = correct / seen
+    def _running_logs(self, loss_sum: float, sums: np.ndarray, seen: float) -> dict[str, float]:
+        """Keras' logs: the mean loss, then each compiled metric's mean, by the name given."""
+        logs = {"loss": float(loss_sum) / seen}
+        for name, total in zip(self._metrics, sums, strict=True):
+            logs[name] = float(total) / seen
         return logs
 
-    def _train_step(self) -> TrainStep:
+    def _resolved_metrics(self, y: np.ndarray) -> tuple:
+        width = next((layer.units for layer in reversed(self.layers)
+                      if hasattr(layer, "units")), 1)
+        return metric_lib.resolve(self._metrics, y.shape, width)
+
+    def _train_step(self, y: np.ndarray) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, bool(self._metrics))
+                         self.seed, self._resolved_metrics(y))
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
@@ -204,15 +199,16 @@ class Sequential:
         fit_checks.check_data(self, x, y, "evaluate")
         verbose = check_verbose(verbose)
         self._ensure_ready(x)
-        loss_sum = correct = seen = 0.0
+        loss_sum, sums, seen = 0.0, np.zeros(len(self._metrics)), 0.0
         batches = Batches((x, y), _positive_int("batch_size", batch_size))
         bar = ProgressBar("Evaluate", len(batches), verbose)
+        resolved = self._resolved_metrics(y)
         for done, (bx, by) in enumerate(batches, start=1):
-            for r_loss, r_correct in self._run_forward(bx, by):
-                loss_sum, correct = loss_sum + r_loss, correct + r_correct
+            for r_loss, r_sums in self._run_forward(bx, by, resolved):
+                loss_sum, sums = loss_sum + r_loss, sums + r_sums
             seen += len(bx)
-            bar.update(done, self._running_logs(float(loss_sum), float(correct), seen))
-        logs = self._running_logs(float(loss_sum), float(correct), len(x))
+            bar.update(done, self._running_logs(loss_sum, sums, seen))
+        logs = self._running_logs(loss_sum, sums, len(x))
         bar.finish(logs)
         if return_dict:
             return logs
@@ -236,14 +232,14 @@ class Sequential:
         bar.finish({})
         return np.concatenate(outs)
 
-    def _run_forward(self, bx, by) -> list:
+    def _run_forward(self, bx, by, metrics: tuple = ()) -> list:
         n = self._strategy.num_replicas_in_sync
         bounds = shard_bounds(len(bx), n)
         xs = [bx[bounds[r]:bounds[r + 1]] for r in range(n)]
         ys = None if by is None else [by[bounds[r]:bounds[r + 1]] for r in range(n)]
         out = self._strategy.run(forward_step, args=(
             self.layers, self._weights, _per_replica(xs),
-            None if ys is None else _per_replica(ys), self._loss))
+            None if ys is None else _per_replica(ys), self._loss, metrics))
         return list(self._strategy.experimental_local_results(out))
 
     @property

@@ -39,14 +39,14 @@ class TrainStep:
     """
 
     def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
-                 seed: int, metric: bool):
+                 seed: int, metrics: tuple = ()):
         self.layers = layers
         self.weights = weights  # per layer: {name: Variable}
         self.slots = slots  # per layer: {name: {slot: Variable}} (each replica keeps its own)
         self.loss = loss
         self.optimizer = optimizer
         self.seed = seed
-        self.metric = metric
+        self.metrics = tuple(metrics)  # training.metrics.Metric: only the compiled ones
 
     def variables(self) -> list:
         """The weight variables, in layer order."""
@@ -59,14 +59,17 @@ class TrainStep:
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
                   total: int) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
-        array}), and (loss sum, correct); `iteration` counts from 1 and seeds dropout."""
+        array}), and [loss sum, each metric's sum]; `iteration` counts from 1 and seeds
+        dropout."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
-        return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total)
+        return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
+                         self.metrics)
 
     def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
         """On one mirrored replica: train on this replica's shard of each global batch
         (sizes `totals`), numbering steps from `first_iteration` + 1; returns (loss sum,
-        correct, n) per step, identical on every replica. The per-step figures stay on the
+        metric sums (an array, one per compiled metric), n) per step, identical on every
+        replica. The per-step figures stay on the
         device until the group ends: one host transfer per `steps_per_execution` steps."""
         from labdist.worker.context import current
 
@@ -77,8 +80,9 @@ class TrainStep:
         flat_params = [params[i][k].reshape(-1) for i, k in names]
         flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
                       for i, k in names]
-        stats = xp.zeros(2, dtype=xp.float64)
-        history = xp.zeros((len(totals), 2), dtype=xp.float64)  # stays on the device
+        width = 1 + len(self.metrics)
+        stats = xp.zeros(width, dtype=xp.float64)
+        history = xp.zeros((len(totals), width), dtype=xp.float64)  # stays on the device
         sharded = False
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
@@ -93,8 +97,8 @@ class TrainStep:
         if sharded and slots:  # each rank updated its own segment of the slots: make them whole
             ctx.gather_segments("the optimizer's slots", slots)
         host = ctx.backend.to_host(history)  # the one device -> host move of the group
-        return [(float(loss_sum), float(correct) if self.metric else 0.0, total)
-                for (loss_sum, correct), total in zip(host.tolist(), totals, strict=True)]
+        return [(float(row[0]), np.asarray(row[1:], np.float64), total)
+                for row, total in zip(host.tolist(), totals, strict=True)]
 
 
 def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: list[dict],
@@ -118,11 +122,12 @@ def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: li
     return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update)
 
 
-def gradients(xp, layers, params, loss, x, y, rng, local, total):
-    """Gradients of (sum of this shard's losses) / global batch size, and (loss sum, correct)."""
+def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):
+    """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
+    metric's sum over the shard]."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
         grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
-        return grads, xp.zeros(2, dtype=xp.float64)
+        return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
     caches, h = [], x
     for layer, p in zip(layers, params, strict=True):
         h, cache = layer.forward(xp, p, h, training=True, rng=rng)
@@ -143,15 +148,15 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total):
         dh = dh * scale
     for i in range(start, -1, -1):
         dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
-    correct = (h.argmax(axis=1) == y.reshape(-1)).sum() if h.ndim == 2 and h.shape[1] > 1 else 0
-    stats = xp.zeros(2, dtype=xp.float64)  # filled on the device: no host sync per step
+    stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
     stats[0] = value * local
-    stats[1] = correct
+    for j, metric in enumerate(metrics, start=1):
+        stats[j] = metric(xp, y, h)
     return grads, stats
 
 
-def forward_step(layers, weights, x, y, loss):
-    """On a replica: the model's output on `x`, or with `y` its (loss sum, correct)."""
+def forward_step(layers, weights, x, y, loss, metrics=()):
+    """On a replica: the model's output on `x`, or with `y` its (loss sum, metric sums)."""
     from labdist.worker.context import current
 
     ctx = current()
@@ -162,7 +167,6 @@ def forward_step(layers, weights, x, y, loss):
     if y is None:
         return h
     if len(x) == 0:
-        return 0.0, 0.0
+        return 0.0, np.zeros(len(metrics))
     value, _ = loss(xp, y, h)
-    correct = float((h.argmax(axis=1) == y.reshape(-1)).sum()) if h.shape[1] > 1 else 0.0
-    return float(value) * len(x), correct
+    return float(value) * len(x), np.array([float(m(xp, y, h)) for m in metrics])

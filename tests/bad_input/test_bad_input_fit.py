@@ -160,7 +160,7 @@ def test_a_refused_compile_leaves_the_previous_settings():
     model = classifier()
     loss, optimizer = model._loss, model.optimizer
     with pytest.raises(ValueError, match=r"metrics=\['auc'\]: \['auc'\] not supported; "
-                                         r"allowed: 'accuracy'"):
+                                         r"allowed: accuracy, acc, binary_accuracy"):
         model.compile(loss="mse", optimizer="sgd", metrics=["auc"])
     with pytest.raises(ValueError, match=r"steps_per_execution=0 is not allowed; use an "
                                          r"integer >= 1"):

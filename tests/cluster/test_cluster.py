@@ -112,8 +112,10 @@ def test_one_replica_on_the_cli_cluster_next_to_a_two_replica_strategy(external)
         try:
             assert one.num_replicas_in_sync == 1
             assert len(one.workers) == 1 and one.workers[0] in external.workers
-            pid = one.run(os.getpid)  # one replica: the plain value, not a PerReplica
-            assert isinstance(pid, int) and pid != os.getpid()
+            out = one.run(os.getpid)  # one replica: a one-component PerReplica, as TF's
+            (pid,) = one.experimental_local_results(out)
+            assert isinstance(out, ld.PerReplica) and isinstance(pid, int)
+            assert pid != os.getpid()
             with one.scope():
                 v = ld.Variable(10.0, dtype="float32", aggregation="SUM")
             one.run(lambda: v.assign_add(2.0))  # N = 1: a non-distributed value is applied

@@ -11,6 +11,9 @@ import pytest
 
 import labdist as ld
 
+# these pipelines are each replica's own (dataset_fn reads ctx.input_pipeline_id)
+PER_REPLICA = ld.InputOptions(experimental_replication_mode="PER_REPLICA")
+
 
 def local(strategy, out):
     return [np.asarray(v).tolist() for v in strategy.experimental_local_results(out)]
@@ -60,7 +63,7 @@ def test_dataset_iterator_feeds_each_step(mirrored2):
 
 def test_pipelines_on_the_replicas_give_the_driver_batches(mirrored2):
     _, dataset_fn = per_replica_data()
-    dataset = mirrored2.distribute_datasets_from_function(dataset_fn)
+    dataset = mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA)
 
     def step(batch):
         x, y = batch
@@ -79,7 +82,7 @@ def test_pipelines_on_the_replicas_give_the_driver_batches(mirrored2):
 
 def test_an_iterator_drawn_on_the_driver_stays_there(mirrored2):
     _, dataset_fn = per_replica_data()
-    dataset = mirrored2.distribute_datasets_from_function(dataset_fn)
+    dataset = mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA)
     expected = [local(mirrored2, mirrored2.run(lambda b: b[1][0], args=(b,))) for b in dataset]
     it = iter(dataset)
     next(it)
@@ -91,7 +94,7 @@ def test_generator_pipelines_are_drawn_on_the_driver(mirrored2):
     def dataset_fn(ctx):
         return (np.full(2, 10 * ctx.input_pipeline_id + i, np.float32) for i in range(4))
 
-    it = iter(mirrored2.distribute_datasets_from_function(dataset_fn))
+    it = iter(mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA))
     assert local(mirrored2, mirrored2.run(lambda b: b[0], args=(it,), steps=3)) == [2.0, 12.0]
     assert it.remote_key is None
 
@@ -105,7 +108,7 @@ def test_the_input_ending_mid_call_keeps_the_steps_that_ran(mirrored2):
         count.assign_add(1.0)
         return batch[1][0]
 
-    for dataset in (mirrored2.distribute_datasets_from_function(dataset_fn),
+    for dataset in (mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA),
                     mirrored2.experimental_distribute_dataset(
                         ld.batches((np.zeros((6, 2), np.float32), np.zeros(6)), 2))):
         count.assign(0.0)
@@ -116,14 +119,16 @@ def test_the_input_ending_mid_call_keeps_the_steps_that_ran(mirrored2):
         assert float(count.numpy()) == 3.0
 
 
-def test_pipelines_of_different_lengths_are_named(mirrored2):
+def test_pipelines_of_different_lengths_end_with_empty_batches(mirrored2):
     def dataset_fn(ctx):
         return [np.ones(2, np.float32)] * (2 + ctx.input_pipeline_id)
 
-    it = iter(mirrored2.distribute_datasets_from_function(dataset_fn))
-    mirrored2.run(lambda b: b.sum(), args=(it,), steps=2)
-    with pytest.raises(ValueError, match=r"replica\(s\) \[0\] ended before the others"):
-        mirrored2.run(lambda b: ld.get_replica_context().all_reduce("SUM", b), args=(it,))
+    it = iter(mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA))
+    assert local(mirrored2, mirrored2.run(lambda b: b.sum(), args=(it,), steps=2)) == [2.0, 2.0]
+    # replica 0's pipeline ran out: an empty batch, while replica 1 has its last (as TF)
+    assert local(mirrored2, mirrored2.run(lambda b: b.shape[0], args=(it,))) == [0, 2]
+    with pytest.raises(ld.OutOfRangeError, match="step 1 of this strategy.run"):
+        mirrored2.run(lambda b: b.sum(), args=(it,))
     assert local(mirrored2, mirrored2.run(lambda: 1)) == [1, 1]  # the group is usable
 
 
@@ -158,7 +163,7 @@ def test_merge_call_in_every_step(mirrored2):
 
 def test_dropped_iterators_are_forgotten_and_new_ones_start_over(mirrored2):
     _, dataset_fn = per_replica_data(n_batches=2)
-    dataset = mirrored2.distribute_datasets_from_function(dataset_fn)
+    dataset = mirrored2.distribute_datasets_from_function(dataset_fn, options=PER_REPLICA)
     for _ in range(3):
         it = iter(dataset)
         assert local(mirrored2, mirrored2.run(lambda b: b[1][0], args=(it,), steps=2)) == [1, 1]

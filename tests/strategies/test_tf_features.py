@@ -46,7 +46,8 @@ def test_datasets_from_function_give_each_replica_its_pipeline(mirrored2):
         start = 100 * ctx.input_pipeline_id
         return [(np.arange(start + 10 * i, start + 10 * i + per_replica), i) for i in range(3)]
 
-    dist = mirrored2.distribute_datasets_from_function(dataset_fn)
+    per_replica = ld.InputOptions(experimental_replication_mode="PER_REPLICA")
+    dist = mirrored2.distribute_datasets_from_function(dataset_fn, options=per_replica)
     assert [(c.num_input_pipelines, c.input_pipeline_id, c.num_replicas_in_sync)
             for c in contexts] == [(2, 0, 2), (2, 1, 2)]
 
@@ -66,20 +67,21 @@ def test_datasets_from_function_give_each_replica_its_pipeline(mirrored2):
 
 
 @pytest.mark.timeout(120)
-def test_datasets_from_function_refuse_uneven_pipelines_and_bad_arguments(mirrored2):
+def test_datasets_from_function_pad_uneven_pipelines_and_refuse_bad_arguments(mirrored2):
+    per_replica = ld.InputOptions(experimental_replication_mode="PER_REPLICA")
     uneven = mirrored2.distribute_datasets_from_function(
-        lambda ctx: [np.zeros(2)] * (2 + ctx.input_pipeline_id))
-    with pytest.raises(ValueError, match=r"pipeline\(s\) \[0\] ended after 2 batches"):
-        list(uneven)
+        lambda ctx: [np.zeros(2)] * (2 + ctx.input_pipeline_id), options=per_replica)
+    assert [[len(c) for c in step] for step in uneven] == [[2, 2], [2, 2], [0, 2]]
     shapes = mirrored2.distribute_datasets_from_function(
-        lambda ctx: [(np.zeros(2), 1)] if ctx.input_pipeline_id else [np.zeros(2)])
+        lambda ctx: [(np.zeros(2), 1)] if ctx.input_pipeline_id else [np.zeros(2)],
+        options=per_replica)
     with pytest.raises(ValueError, match="different structures"):
         list(shapes)
     with pytest.raises(TypeError, match="dataset_fn=3 is not callable"):
         mirrored2.distribute_datasets_from_function(3)
     with pytest.raises(TypeError, match="returned None for input_pipeline_id=0"):
         mirrored2.distribute_datasets_from_function(lambda ctx: None)
-    with pytest.raises(TypeError, match="options=.*pass None"):
+    with pytest.raises(TypeError, match="options=.*must be None or an ld.InputOptions"):
         mirrored2.distribute_datasets_from_function(lambda ctx: [], options={"x": 1})
     with pytest.raises(ValueError, match="global_batch_size=9 is not divisible by "
                                          "num_replicas_in_sync=2"):
@@ -133,7 +135,8 @@ def test_all_gather_inside_a_step_gives_every_replica_the_whole(mirrored2):
         assert replica["cols"].shape == (4, 2)
 
     default = ld.get_strategy()  # runs steps in this process, where the strategy is at hand
-    with pytest.raises(RuntimeError, match="cross-replica call.*ctx.all_gather"):
+    with pytest.raises(RuntimeError,
+                       match="gather requires being in cross-replica context.*all_gather"):
         default.run(lambda: default.gather(np.zeros(2), axis=0))
     np.testing.assert_array_equal(default.run(step)["rows"], np.zeros((2, 2)))
 

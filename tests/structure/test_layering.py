@@ -31,8 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("worker", ("labdist.worker",)),
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
-              "labdist.enums", "labdist.errors", "labdist.input", "labdist.nest",
-              "labdist.shipping", "labdist.values")),
+              "labdist.enums", "labdist.errors", "labdist.input", "labdist.input_pipelines",
+              "labdist.nest", "labdist.shipping", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")
