@@ -27,6 +27,7 @@ seen in program order (x86-64's memory model).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -283,10 +284,10 @@ class ShmTransport:
                 self._retired = None
 
     @staticmethod
-    def _remove(mapping: area.Mapping) -> None:
+    def _remove(mapping: area.Mapping) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(mapping.path)  # peers that mapped it keep their mapping
-        mapping.close()
+        return mapping.close()
 
     def close(self) -> None:
         """Remove our files (before this returns: peers that mapped them keep their mappings)
@@ -298,9 +299,11 @@ class ShmTransport:
         self._words = []
         self._bell.close()
         self._peer_words.clear()
-        for m in ours:
-            self._remove(m)
-        for m in [*self._peer_data.values(), *self._peer_controls]:
-            m.close()
+        mapped = [m for m in ours if not self._remove(m)]
+        mapped += [m for m in [*self._peer_data.values(), *self._peer_controls] if not m.close()]
         self._peer_data.clear()
         self._peer_controls.clear()
+        if mapped:  # views in a cycle (an aborted collective's traceback holds its frames):
+            gc.collect()  # else the mappings and their fds stay until the next full collection
+            for m in mapped:
+                m.close()

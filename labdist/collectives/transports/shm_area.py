@@ -80,10 +80,15 @@ class Mapping:
         self.path, self.size, self.nonce = path, size, 0
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unmap; False while a view of it is still alive (it is unmapped, and its fd closed,
+        when the last view goes)."""
         self.bytes = None
-        with contextlib.suppress(BufferError):  # a view still alive: freed with the process
+        try:
             self.mm.close()
+        except BufferError:
+            return False
+        return True
 
 
 def _reserve(fd: int, path: str, size: int) -> None:
