@@ -13,6 +13,7 @@ import dask
 from distributed import Client, LocalCluster, Security
 
 from labdist.backend import visible_gpus
+from labdist.cluster.probe import probe_scheduler
 from labdist.errors import ClusterConnectionError
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
@@ -81,6 +82,9 @@ def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client,
     if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
         where = cluster if isinstance(cluster, str) else cluster.scheduler_address
         _check_tls(where, security)
+        if isinstance(cluster, str):
+            with contextlib.suppress(ValueError):  # no HOST:PORT: Dask's error below names it
+                probe_scheduler(cluster, timeout)  # anything else there: one clear error
         try:
             client = Client(cluster, timeout=timeout, security=security,
                             direct_to_workers=True, set_as_default=False)
