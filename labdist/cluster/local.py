@@ -90,7 +90,8 @@ def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client,
                             direct_to_workers=True, set_as_default=False)
         except (OSError, TimeoutError, ValueError) as e:
             raise ClusterConnectionError(
-                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s ({e or type(e).__name__}). "
+                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s "
+                f"({e or type(e).__name__}). "
                 "Check the address (tcp://host:8786), that `dask scheduler` is running there, "
                 "or leave cluster=None to start an embedded local cluster."
             ) from None

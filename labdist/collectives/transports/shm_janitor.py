@@ -6,7 +6,7 @@ clean-up code, and its shared-memory files would hold their memory until some la
 process swept orphans. So the first time a process makes a labdist file under /dev/shm, it
 starts a janitor: a tiny Python process in a session of its own (a signal to the worker's
 process group does not reach it) that reads a pipe only the worker holds open. When the
-worker dies, for any reason, the kernel closes the pipe; the janitor removes every labdist
+worker dies, for any reason, the system closes the pipe; the janitor removes every labdist
 file whose name carries the worker's pid, and exits.
 """
 
