@@ -26,6 +26,7 @@ import labdist as ld
 
 TIMEOUT_S = 3.0
 SLACK_S = 1.5  # what a loaded 2-core machine may add
+CLI_SLACK_S = 4.0  # ... to a command's start-up, which varies more
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -161,9 +162,10 @@ def _labdist(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     return done, time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def start_up_s() -> float:
-    """What the command takes to fail at once (nothing listens: refused), start-up included."""
+    """What the command takes to fail at once (nothing listens: refused), start-up included:
+    measured next to each case, as the machine's load comes and goes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # released: nothing listens there
@@ -182,5 +184,5 @@ def test_the_command_line_says_what_answered_in_one_line(wrong, command, start_u
     assert done.returncode == 1, (done.returncode, done.stdout, err)
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"labdist {command[0]}: error: ") and address in err and words in err
-    assert took < start_up_s + TIMEOUT_S + SLACK_S + 1, (
+    assert took < start_up_s + TIMEOUT_S + CLI_SLACK_S, (
         f"took {took:.1f} s (start-up {start_up_s:.1f} s, connect timeout {TIMEOUT_S:g} s)")
