@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
+from labdist.cluster.probe import probe_scheduler
 from labdist.errors import ClusterConnectionError
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
@@ -21,8 +21,9 @@ def quiet_teardown() -> None:
 
 
 def check_scheduler(address: str | None, timeout: float) -> str:
-    """`address` if it looks like a scheduler address and something listens there, else a
-    UserError saying what is wrong — before Dask spends its whole timeout retrying."""
+    """`address` if it looks like a scheduler address and a Dask scheduler answers there, else
+    a UserError saying what is wrong (and what answered) — before Dask spends its whole
+    timeout retrying, or waits for ever on something that is not a scheduler."""
     from distributed.comm.addressing import parse_address, parse_host_port
 
     if not address:
@@ -30,7 +31,7 @@ def check_scheduler(address: str | None, timeout: float) -> str:
                         "`dask scheduler` prints) or set LABDIST_SCHEDULER")
     try:
         scheme, location = parse_address(address)
-        host, port = parse_host_port(location)
+        _, port = parse_host_port(location)
     except ValueError as e:
         raise UserError(f"--scheduler {address!r} is not a scheduler address ({e}); expected "
                         "tcp://HOST:PORT") from None
@@ -39,14 +40,10 @@ def check_scheduler(address: str | None, timeout: float) -> str:
                         f"{', '.join(SCHEMES)} (e.g. tcp://HOST:8786)")
     if not 0 < port < 65536:
         raise UserError(f"--scheduler {address!r}: port {port} is outside 1..65535")
-    if scheme != "ucx":
-        try:
-            with socket.create_connection((host, port), timeout=min(timeout, 5.0)):
-                pass
-        except OSError as e:
-            reason = e.strerror or type(e).__name__
-            raise UserError(f"no Dask scheduler reachable at {address} ({reason}); start one "
-                            "with `dask scheduler`, or check the host and port") from None
+    try:  # an HTTP server, silence, garbage: said in one line within `timeout`
+        probe_scheduler(address, timeout)
+    except ClusterConnectionError as e:
+        raise UserError(str(e)) from None
     return address
 
 

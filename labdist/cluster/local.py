@@ -13,6 +13,7 @@ import dask
 from distributed import Client, LocalCluster, Security
 
 from labdist.cluster import capacity
+from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
 
@@ -85,12 +86,16 @@ def connect(cluster: Any, timeout: float, security: Any = None) -> tuple[Client,
     if isinstance(cluster, str) or hasattr(cluster, "scheduler_address"):
         where = cluster if isinstance(cluster, str) else cluster.scheduler_address
         _check_tls(where, security)
+        if isinstance(cluster, str):
+            with contextlib.suppress(ValueError):  # no HOST:PORT: Dask's error below names it
+                probe_scheduler(cluster, timeout)  # anything else there: one clear error
         try:
             client = Client(cluster, timeout=timeout, security=security,
                             direct_to_workers=True, set_as_default=False)
         except (OSError, TimeoutError, ValueError) as e:
             raise ClusterConnectionError(
-                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s ({e}). "
+                f"could not reach the Dask scheduler at {where!r} within {timeout:g} s "
+                f"({e or type(e).__name__}). "
                 "Check the address (tcp://host:8786), that `dask scheduler` is running there, "
                 "or leave cluster=None to start an embedded local cluster."
             ) from None

@@ -11,7 +11,12 @@ import asyncio
 import contextlib
 from typing import Any
 
-from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerAbortedError
+from labdist.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerAbortedError,
+    ReplicaLostError,
+)
 
 
 class Mailbox:
@@ -22,6 +27,7 @@ class Mailbox:
         self._wakeups: dict[tuple[int, int, int], asyncio.Event] = {}
         # (run, rank) -> ("done", n_collectives) | ("merge", seq) | ("failed", error text)
         self._peer_states: dict[tuple[int, int], tuple[str, Any]] = {}
+        self._abandoned: str | None = None  # why every wait ends now: the driver is gone
 
     def put(self, run: int, seq: int, phase: int, src: int, sig: Any, payload: Any) -> None:
         self._messages[(run, seq, phase, src)] = (sig, payload)
@@ -35,6 +41,13 @@ class Mailbox:
         for key, event in self._wakeups.items():
             if key[0] == run:
                 event.set()
+
+    def abandon(self, why: str) -> None:
+        """The driver is gone: a collective waiting here (or on shared memory, which asks
+        `_raise_if_gone`) ends now, not at its timeout, so the replica can let go at once."""
+        self._abandoned = why
+        for event in self._wakeups.values():
+            event.set()
 
     def start_run(self, run: int) -> None:
         """Drop everything left over from earlier runs (an aborted run leaves messages behind)."""
@@ -71,6 +84,10 @@ class Mailbox:
             self._wakeups.pop((run, seq, phase), None)
 
     def _raise_if_gone(self, run: int, seq: int, rank: int, what: str) -> None:
+        if self._abandoned is not None:
+            raise ReplicaLostError(
+                f"collective #{seq} ({what}) stopped waiting for replica {rank}: "
+                f"{self._abandoned}")
         state = self._peer_states.get((run, rank))
         if state is None:
             return

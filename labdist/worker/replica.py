@@ -368,6 +368,9 @@ class Replica:
     async def _driver_gone(self, why: str) -> None:
         """Release what `close` does, once the step thread let go (worker/lifetime.py)."""
         error = ReplicaLostError(f"replica {self.core.rank}'s driver is gone ({why})")
+        mailbox = self.core.comm.mailbox
+        if mailbox is not None:  # a collective its peers will never join ends now
+            mailbox.abandon(str(error))
         if not await asyncio.to_thread(self.core.abandon, error, self._timeout + 5):
             logger.warning("labdist: replica %s's step is still running; releasing it anyway",
                            self.core.rank)

@@ -11,12 +11,14 @@ their mailbox. Each rank decides this for its own messages only, so no rank has 
 another, and the next message that fits takes shared memory again. The step gets a warning
 naming /dev/shm and its size.
 
-A data area never shrinks within a step; every REVIEW_RUNS runs (steps), one larger than
-max(KEEP_BYTES, SHRINK_FACTOR x the largest area those runs needed) is dropped, and the next
-message makes one of the size it needs. A training loop's areas stay put (every step needs
-about the same); one outsized collective (a 1 GiB all-reduce) holds its memory for at most
-REVIEW_RUNS steps. Peers that mapped the dropped area let go of it when they read this
-replica's next message (it names the new area); the check is arithmetic, no system call.
+A data area never shrinks within a step. One larger than HIGH_WATER_BYTES (what an outsized
+collective, say a 1 GiB all-reduce, grew) is dropped when a run starts after one that needed
+less than 1/SHRINK_FACTOR of it; below that, every REVIEW_RUNS runs (steps), one larger than
+max(KEEP_BYTES, SHRINK_FACTOR x the largest area those runs needed) is. The next message
+makes one of the size it needs. A training loop's areas stay put (every step needs about the
+same), and an outsized collective's memory is gone by the end of the second run after it.
+Peers that mapped the dropped area let go of it when they read this replica's next message
+(it names the new area); the check is arithmetic, no system call.
 
 Message k goes to slot k % 2. Rank r writes a slot again only with message k + 2, after it
 read every peer's message k + 1, which a peer publishes only after it finished with r's
@@ -27,6 +29,7 @@ seen in program order (x86-64's memory model).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -45,6 +48,7 @@ from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 
 REVIEW_RUNS = 16  # runs between reviews of the data area's size
 KEEP_BYTES = 16 << 20  # a data area this small is kept whatever the recent need
+HIGH_WATER_BYTES = 64 << 20  # a larger one is kept only while every run needs it
 SHRINK_FACTOR = 4  # larger than this many times the recent need: dropped at the review
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class ShmTransport:
         self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
         self._full = False  # the last message did not fit (warned once until one fits)
         self._runs = self._peak = 0  # since the last review: runs, largest area needed
+        self._run_peak = 0  # the largest area this run needed so far
         self._files = threading.Lock()  # making or removing our files vs close
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
@@ -113,7 +118,13 @@ class ShmTransport:
     def start_run(self, run: int) -> None:
         self.run, self.messages = run, 0
         self._runs += 1
-        if self._runs >= REVIEW_RUNS:
+        last, self._run_peak = self._run_peak, 0
+        data = self._data
+        if (data is not None and data.size > HIGH_WATER_BYTES
+                and data.size > SHRINK_FACTOR * last):  # outsized, and the last run did not need it
+            self._drop(data)
+            self._runs = self._peak = 0
+        elif self._runs >= REVIEW_RUNS:
             self._review()
 
     # -- one exchange -------------------------------------------------------------------------
@@ -147,8 +158,9 @@ class ShmTransport:
         raws = [b.raw() for b in buffers]
         meta = pickle.dumps((inner, [r.nbytes for r in raws]), protocol=5)
         offsets, end = area.layout([r.nbytes for r in raws] + [len(meta)])
-        if 2 * end > self._peak:
-            self._peak = 2 * end
+        if 2 * end > self._run_peak:
+            self._run_peak = 2 * end
+            self._peak = max(self._peak, self._run_peak)
         if self._data is None or self._data.size < 2 * end:
             self._grow(2 * end)  # NoSpace before anything is written
         self._full = False
@@ -265,11 +277,15 @@ class ShmTransport:
         """Drop a data area much larger than the last REVIEW_RUNS runs needed."""
         data = self._data
         if data is not None and data.size > max(KEEP_BYTES, SHRINK_FACTOR * self._peak):
-            with self._files:
-                if self._data is data:
-                    self._data = None
-                    self._retire(data)
+            self._drop(data)
         self._runs = self._peak = 0
+
+    def _drop(self, data: area.Mapping) -> None:
+        """Stop using our data area (removed at our next message, once every peer read it)."""
+        with self._files:
+            if self._data is data:
+                self._data = None
+                self._retire(data)
 
     def _retire(self, mapping: area.Mapping) -> None:
         if self._retired is not None:
@@ -283,10 +299,10 @@ class ShmTransport:
                 self._retired = None
 
     @staticmethod
-    def _remove(mapping: area.Mapping) -> None:
+    def _remove(mapping: area.Mapping) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(mapping.path)  # peers that mapped it keep their mapping
-        mapping.close()
+        return mapping.close()
 
     def close(self) -> None:
         """Remove our files (before this returns: peers that mapped them keep their mappings)
@@ -298,9 +314,11 @@ class ShmTransport:
         self._words = []
         self._bell.close()
         self._peer_words.clear()
-        for m in ours:
-            self._remove(m)
-        for m in [*self._peer_data.values(), *self._peer_controls]:
-            m.close()
+        mapped = [m for m in ours if not self._remove(m)]
+        mapped += [m for m in [*self._peer_data.values(), *self._peer_controls] if not m.close()]
         self._peer_data.clear()
         self._peer_controls.clear()
+        if mapped:  # views in a cycle (an aborted collective's traceback holds its frames):
+            gc.collect()  # else the mappings and their fds stay until the next full collection
+            for m in mapped:
+                m.close()

@@ -2,8 +2,9 @@
 layout. Names are labdist-<group>-<rank>-<pid>-<random>-control for a replica's control file
 and ...-data<generation>-<random> for its data files: the random parts make them unguessable
 (a file planted under the next name would otherwise fail a run), and a name that exists all
-the same is retried with another. Areas of dead processes are removed when a new one is made,
-so killed workers do not fill /dev/shm.
+the same is retried with another. A process's files are removed when it dies by its janitor
+(shm_janitor.py), and those of dead processes whose janitor could not run when a new area is
+made, so killed workers do not fill /dev/shm.
 
 A replica's control file (never resized) holds, per slot, the stamp, the data file's
 generation and random part, and where the message lies; its data file (grown on demand,
@@ -24,6 +25,8 @@ import os
 import secrets
 
 import numpy as np
+
+from labdist.collectives.transports import shm_janitor
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64
@@ -80,10 +83,15 @@ class Mapping:
         self.path, self.size, self.nonce = path, size, 0
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unmap; False while a view of it is still alive (it is unmapped, and its fd closed,
+        when the last view goes)."""
         self.bytes = None
-        with contextlib.suppress(BufferError):  # a view still alive: freed with the process
+        try:
             self.mm.close()
+        except BufferError:
+            return False
+        return True
 
 
 def _reserve(fd: int, path: str, size: int) -> None:
@@ -100,7 +108,9 @@ def _reserve(fd: int, path: str, size: int) -> None:
 
 def create(prefix: str, suffix: str, size: int) -> Mapping:
     """A new area named `prefix` + random + `suffix`, retried under another name while one
-    exists (someone planted it)."""
+    exists (someone planted it). The first one starts this process's janitor (shm_janitor.py),
+    which removes its files when it dies, however it dies."""
+    shm_janitor.ensure(SHM_DIR)
     for _ in range(TRIES):
         n = nonce()
         try:
