@@ -50,6 +50,9 @@ class Checkpoint:
         for layer_slots in m._slots:
             for slots in layer_slots.values():
                 out.update({f"slot/{v.name}": v for v in slots.values()})
+        m._ensure_outer()
+        if m._outer is not None:  # local SGD / DiLoCo: anchors, outer slots, round counter
+            out.update(m._outer.variables())
         return out
 
     def _read(self, variables: dict[str, object]) -> dict[str, np.ndarray]:

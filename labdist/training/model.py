@@ -15,7 +15,7 @@ import numpy as np
 
 from labdist import checks, context
 from labdist.input import Batches, shard_bounds
-from labdist.training import fit_checks, losses, optimizers, saving
+from labdist.training import diloco, fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
@@ -50,6 +50,7 @@ class Sequential:
         self._strategy = context.get_strategy()  # as Keras: the strategy in scope now
         self._weights: list[dict[str, Variable]] = []
         self._slots: list[dict[str, dict[str, Variable]]] = []
+        self._outer: diloco.OuterVariables | None = None  # local SGD / DiLoCo's state, once on
         self._compiled = False
         self._loss = None
         self._optimizer = None
@@ -108,6 +109,18 @@ class Sequential:
         if not self.built:
             self.build(x.shape[1])
         self._ensure_slots()
+        self._ensure_outer()
+
+    def _ensure_outer(self) -> None:
+        """Local SGD / DiLoCo's anchors and outer-optimizer slots, once the strategy has
+        local_steps set (kept after it is turned off: checkpoints and a round still open)."""
+        if getattr(self._strategy, "local_steps", None) is None:
+            return
+        with self._strategy.scope():
+            if self._outer is None:
+                self._outer = diloco.OuterVariables(self.weights, self._strategy.outer_optimizer)
+            else:
+                self._outer.ensure_slots(self._strategy.outer_optimizer)
 
     def _ensure_slots(self) -> None:
         if not self._slots:
@@ -142,8 +155,11 @@ class Sequential:
         start = max([initial_epoch, *(e for e in resume if e is not None)])
         steps_before = self._iterations
         try:
-            return self._epochs(start, epochs, batches, batch_size, verbose, callbacks,
-                                validation_data, history)
+            history = self._epochs(start, epochs, batches, batch_size, verbose, callbacks,
+                                   validation_data, history)
+            if self._outer is not None:  # one model to evaluate, save and read: close a round
+                self._strategy.run(diloco.finish_round, args=(self._outer, self.weights))
+            return history
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
                            f"of this call (epochs {start}..{epochs - 1}) completed before "
@@ -194,7 +210,7 @@ class Sequential:
     def _train_step(self) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, bool(self._metrics))
+                         self.seed, bool(self._metrics), self._outer)
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
