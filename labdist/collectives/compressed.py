@@ -55,6 +55,7 @@ def compressed_sum(comm, seq: int, what: str, arrays: list[Any], state: Compress
     """Sum `arrays` (gradients) over the replicas through `state.compressor`, with error
     feedback; `extras` (small arrays: fit's loss and accuracy) ride along uncompressed in the
     first message. Returns (summed gradients, summed extras), arrays of `backend`."""
+    xp = backend.xp
     comp = state.compressor
     keys = [(what, i, tuple(a.shape)) for i, a in enumerate(arrays)]
     if comp is not None:
@@ -72,9 +73,9 @@ def compressed_sum(comm, seq: int, what: str, arrays: list[Any], state: Compress
     if comp is not None:
         state.reductions += 1
         if comp.error_feedback:
-            for key, m, s in zip(keys, inputs, sent[:len(inputs)], strict=True):
+            for key, m, (payload, s) in zip(keys, inputs, sent, strict=True):
                 if s is not m:
-                    state.residuals[key] = m - s
+                    state.residuals[key] = comp.residual(xp, m, payload, s)
     return summed[:len(arrays)], summed[len(arrays):]
 
 
@@ -102,11 +103,11 @@ def _one_round(comm, seq, what, inputs, keys, comp, backend, extras):
     for key, m in zip(keys, inputs, strict=True):
         if comp is None:  # residuals still owed, no compressor: the plain sum, once
             payloads.append(backend.to_host(m))
-            sent.append(m)
+            sent.append((None, m))
         else:
             payload, s = comp.encode(xp, m, key)
             payloads.append(_to_host(backend, payload))
-            sent.append(s)
+            sent.append((payload, s))
     host_extras = [backend.to_host(e) for e in extras]
     got = _exchange(comm, seq, what, 0, inputs, [*payloads, *host_extras])
     summed = []
@@ -163,10 +164,10 @@ def _power_sum(comm, seq, what, inputs, keys, comp: PowerSGD, state, backend, ex
             ps[i] = p
             q_mine = mats[i][0].T @ p
             second.append(backend.to_host(q_mine))
-            sent[i] = (p @ q_mine.T).reshape(m.shape)
+            sent[i] = (None, (p @ q_mine.T).reshape(m.shape))
         else:
             summed[i] = total
-            sent[i] = m
+            sent[i] = (None, m)
     if mats:
         got2 = _exchange(comm, seq, what, 1, second, second)
         for j, i in enumerate(sorted(mats)):

@@ -44,11 +44,15 @@ class Compressor:
     def decode_sum(self, xp, payloads: list, like) -> Any:
         raise NotImplementedError
 
+    def residual(self, xp, m, payload, sent) -> Any:
+        """What compression dropped from `m`, given what `encode` returned."""
+        return m - sent
+
 
 def _halves_sum(xp, payloads, like, to_float):
     out = xp.zeros(like.shape, dtype=like.dtype)
     for p in payloads:  # rank order: every replica adds in the same order, bit-identical
-        out += to_float(xp, p).astype(like.dtype)
+        out += to_float(xp, p)  # widened inside the add: exact, and no temporary array
     return out
 
 
@@ -60,7 +64,7 @@ class FP16(Compressor):
 
     def encode(self, xp, m, key):
         half = m.astype(xp.float16)
-        return half, half.astype(m.dtype)
+        return half, half  # what was sent, as m - half widens it exactly
 
     def decode_sum(self, xp, payloads, like):
         return _halves_sum(xp, payloads, like, lambda xp, p: p)
@@ -86,7 +90,7 @@ class BF16(Compressor):
 
     def encode(self, xp, m, key):
         bits = bf16_bits(xp, m)
-        return bits, bf16_value(xp, bits).astype(m.dtype)
+        return bits, bf16_value(xp, bits)
 
     def decode_sum(self, xp, payloads, like):
         return _halves_sum(xp, payloads, like, bf16_value)
@@ -116,10 +120,12 @@ class TopK(Compressor):
             idx = xp.arange(flat.size, dtype=xp.int32)
         else:
             idx = xp.argpartition(xp.abs(flat), flat.size - k)[flat.size - k:].astype(xp.int32)
-        values = flat[idx]
-        sent = xp.zeros_like(flat)
-        sent[idx] = values
-        return (idx, values), sent.reshape(m.shape)
+        return (idx, flat[idx]), None  # what was sent: those k values, zeros elsewhere
+
+    def residual(self, xp, m, payload, sent):
+        kept = m.reshape(-1).copy()  # m - sent, without building `sent`: exact
+        kept[payload[0]] = 0
+        return kept.reshape(m.shape)
 
     def decode_sum(self, xp, payloads, like):
         out = xp.zeros(like.size, dtype=like.dtype)

@@ -87,18 +87,24 @@ class RoundState:
 
 
 def local_step(ctx, optimizer, grads: list, params: list, slots: list[dict], step: int,
-               state: RoundState) -> None:
+               state: RoundState, owned: bool = False) -> None:
     """One inner step on this replica alone, closing the round after `local_steps` of them.
     `grads` are the mirrored step's (this replica's share of the global batch's gradient):
     scaled by the replica count, the sum over replicas of one inner step is the mirrored
-    step, so H = 1 with outer SGD(1) is mirrored training."""
+    step, so H = 1 with outer SGD(1) is mirrored training. `owned`: the gradients are the
+    caller's own to overwrite (fit's, not a user's arrays)."""
     settings = ctx.local_sgd
     if state.since == 0:  # a round starts from the weights as they are now
         for anchor, p in zip(state.anchors, params, strict=True):
             anchor[...] = p
     n = ctx.num_replicas_in_sync
     for p, g, s in zip(params, grads, slots, strict=True):
-        optimizer.apply(ctx.xp, p, g.reshape(-1) * n, s, step)
+        g = g.reshape(-1)
+        if owned:
+            g *= n  # the step's own gradient: scaled in place, no temporary
+        else:
+            g = g * n
+        optimizer.apply(ctx.xp, p, g, s, step)
     state.since += 1
     ctx.communication.inner_steps += 1
     if state.since >= settings.local_steps:

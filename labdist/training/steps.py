@@ -102,7 +102,7 @@ class TrainStep:
             grads = [grads[i][k] for i, k in names]
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
-                                  state)
+                                  state, owned=True)
                 history[step - first_iteration - 1] = local_stats
                 continue
             if state is not None:  # local SGD was just turned off: close its round first
