@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import shipping
 from labdist.enums import ReduceOp
 
 WHAT = "DiLoCo's pseudo-gradients"
@@ -64,6 +65,9 @@ class OuterVariables:
         out["outer/since"] = self.since
         out["outer/rounds"] = self.rounds
         return out
+
+
+shipping.register_state(OuterVariables)  # a custom loop's step stays cached while it holds
 
 
 class RoundState:

@@ -196,3 +196,23 @@ def test_checkpoint_restores_outer_state_and_each_replicas_inner_state(local2, t
     again.fit(x, y, batch_size=BATCH, epochs=2, initial_epoch=1, shuffle=False, verbose=0)
     for a, b in zip(straight.get_weights(), again.get_weights(), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_multi_worker_strategy_takes_both_modes_as_knobs():
+    from clusters import local_client
+
+    x, y = data(8)
+    with local_client(2) as client:
+        strategy = ld.MultiWorkerMirroredStrategy(client, local_steps=4, compression="fp16")
+        try:
+            assert strategy.local_steps == 4 and strategy.outer_optimizer is None
+            assert strategy.compression == ld.compression.FP16()
+            model = linear_model(strategy, ld.optimizers.SGD(0.05))
+            model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+            stats = strategy.communication_stats()
+            # 8 local steps: 2 rounds, whose pseudo-gradients went out in half precision
+            assert [s["inner_steps"] for s in stats] == [8, 8]
+            assert [s["outer_steps"] for s in stats] == [2, 2]
+            assert [s["compressed_reductions"] for s in stats] == [2, 2]
+        finally:
+            strategy.close()
