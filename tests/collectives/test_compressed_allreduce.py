@@ -101,14 +101,15 @@ def test_bad_compression_values_are_refused_naming_them(mirrored2, value):
     assert mirrored2.compression is None
 
 
-def test_fit_with_compression_keeps_replicas_identical_and_counts_bytes():
+@pytest.mark.parametrize("kind", ["mirrored-2", "mirrored-2-strict"])
+def test_fit_with_compression_keeps_replicas_identical_and_counts_bytes(kind):
     (x, y), _ = ld.datasets.digits.load_data()
     x, y = x[:512], y[:512]
     results = {}
-    for name, compressor in [("none", None), ("fp16", "fp16"),
+    for name, compressor in [("none", None), ("fp16", "fp16"), ("bf16", "bf16"),
                              ("topk", ld.compression.TopK(0.01)),
                              ("powersgd", ld.compression.PowerSGD(2))]:
-        strategy = make_strategy("mirrored-2")
+        strategy = make_strategy(kind)
         strategy.compression = compressor
         try:
             with strategy.scope():
@@ -135,6 +136,6 @@ def test_fit_with_compression_keeps_replicas_identical_and_counts_bytes():
     params = 64 * 64 + 64 + 64 * 10 + 10
     # each step: the gradients (fp32) plus fit's 2 float64 figures
     assert results["none"] == 16 * (params * 4 + 16)
-    assert results["fp16"] == 16 * (params * 2 + 16)
+    assert results["fp16"] == results["bf16"] == 16 * (params * 2 + 16)
     assert results["topk"] < results["none"] / 20
     assert results["powersgd"] < results["none"] / 5
