@@ -37,10 +37,10 @@ class CompressionState:
             self.factors.clear()
         self.compressor = compressor
 
-    def active(self) -> bool:
-        """Whether the next gradient all-reduce must come here: a compressor is set, or
-        residuals are still owed."""
-        return self.compressor is not None or bool(self.residuals)
+    def active(self, what: str) -> bool:
+        """Whether the next gradient all-reduce of collective `what` must come here: a
+        compressor is set, or residuals of `what` are still owed."""
+        return self.compressor is not None or any(k[0] == what for k in self.residuals)
 
     def residual_norm(self) -> float:
         """The 2-norm of every residual together (0.0 with none)."""

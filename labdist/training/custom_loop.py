@@ -134,13 +134,14 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
               for s, sv in optimizer.slot_variables.get(v.id, {}).items()} for _, v in pairs]
-    if ctx.local_sgd is not None or optimizer.outer is not None:
+    if ctx.local_sgd is not None:
         state = _round_state(ctx, optimizer, pairs)
-        if ctx.local_sgd is not None:
-            diloco.local_step(ctx, optimizer, grads, params, slots, step, state)
-            state.save()
-            return
-        if state.since:  # local SGD was just turned off: close its round first
+        diloco.local_step(ctx, optimizer, grads, params, slots, step, state)
+        state.save()
+        return
+    if optimizer.outer is not None and optimizer.outer.ids == [v.id for _, v in pairs]:
+        state = _round_state(ctx, optimizer, pairs)
+        if state.pending():  # local SGD was just turned off: close its round first
             diloco.leave_local(ctx, params, slots, state)
             state.save()
     sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step)

@@ -42,6 +42,10 @@ class OuterVariables:
                               name="outer/inner_steps_since_sync")
         self.rounds = Variable(np.zeros((), np.int64), synchronization="NONE", trainable=False,
                                name="outer/rounds")
+        # 1 once a local step ran: the replicas' inner optimizer states may differ, and must be
+        # made one before a synchronous step (see leave_local)
+        self.split = Variable(np.zeros((), np.int64), synchronization="NONE", trainable=False,
+                              name="outer/inner_state_split")
         self.ensure_slots(outer_optimizer)
 
     def ensure_slots(self, outer_optimizer: Any) -> None:
@@ -64,6 +68,7 @@ class OuterVariables:
         out.update({f"outer/{v.name}": v for s in self.slots for v in s.values()})
         out["outer/since"] = self.since
         out["outer/rounds"] = self.rounds
+        out["outer/split"] = self.split
         return out
 
 
@@ -80,14 +85,21 @@ class RoundState:
                       for s in outer.slots]
         self._since = ctx.local_copy(outer.since)
         self._rounds = ctx.local_copy(outer.rounds)
+        self._split = ctx.local_copy(outer.split)
         self.since = int(self._since)
         self.rounds = int(self._rounds)
+        self.split = int(self._split)
         self.shapes = shapes
+
+    def pending(self) -> bool:
+        """Whether leaving local SGD still has work: a round open, or inner states apart."""
+        return bool(self.since or self.split)
 
     def save(self) -> None:
         """Write the counters back (once per step function: no host sync per step)."""
         self._since[...] = self.since
         self._rounds[...] = self.rounds
+        self._split[...] = self.split
 
 
 def local_step(ctx, optimizer, grads: list, params: list, slots: list[dict], step: int,
@@ -110,6 +122,7 @@ def local_step(ctx, optimizer, grads: list, params: list, slots: list[dict], ste
             g = g * n
         optimizer.apply(ctx.xp, p, g, s, step)
     state.since += 1
+    state.split = 1
     ctx.communication.inner_steps += 1
     if state.since >= settings.local_steps:
         close_round(ctx, settings.outer_optimizer, params, state)
@@ -147,26 +160,31 @@ def leave_local(ctx, params: list, slots: list[dict], state: RoundState) -> None
     """Local SGD was turned off: close a round in progress with the last outer optimizer,
     and average the inner optimizer's state, which each replica kept for itself, so the
     synchronous steps that follow start from one state."""
-    if state.since == 0:
-        return
-    closing = ctx.communication.closing
-    close_round(ctx, None if closing is None else closing.outer_optimizer, params, state)
+    if state.since:
+        closing = ctx.communication.closing
+        close_round(ctx, None if closing is None else closing.outer_optimizer, params, state)
     inner = [a for d in slots for a in d.values()]
-    if inner:
+    if inner and state.split:
         for a, mean in zip(inner, ctx.reduce_arrays("the inner optimizer's state", inner,
                                                     ReduceOp.MEAN), strict=True):
             a[...] = mean
+    state.split = 0
 
 
-def finish_round(outer: OuterVariables, weights: list) -> None:
+def finish_round(outer: OuterVariables, weights: list, slots: list[dict]) -> None:
     """A step of its own (end of `fit`): close a round in progress, so the replicas hold one
-    model for evaluate, save and get_weights."""
+    model for evaluate, save and get_weights (and, where local SGD was turned off meanwhile,
+    make the inner optimizer state one, as `leave_local` does)."""
     from labdist.worker.context import current
 
     ctx = current()
     state = RoundState(ctx, outer, [w.shape for w in weights])
-    if state.since:
-        settings = ctx.local_sgd or ctx.communication.closing
-        close_round(ctx, settings and settings.outer_optimizer, [ctx.local_copy(w).reshape(-1)
-                                                    for w in weights], state)
+    params = [ctx.local_copy(w).reshape(-1) for w in weights]
+    if ctx.local_sgd is None:
+        if state.pending():
+            leave_local(ctx, params, [{k: ctx.local_copy(v).reshape(-1) for k, v in d.items()}
+                                      for d in slots], state)
+            state.save()
+    elif state.since:
+        close_round(ctx, ctx.local_sgd.outer_optimizer, params, state)
         state.save()

@@ -158,7 +158,8 @@ class Sequential:
             history = self._epochs(start, epochs, batches, batch_size, verbose, callbacks,
                                    validation_data, history)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
-                self._strategy.run(diloco.finish_round, args=(self._outer, self.weights))
+                slots = [d for layer in self._slots for d in layer.values()]
+                self._strategy.run(diloco.finish_round, args=(self._outer, self.weights, slots))
             return history
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "

@@ -74,7 +74,7 @@ class TrainStep:
             return None
         state = diloco.RoundState(ctx, self.outer, [tuple(self.weights[i][k].shape)
                                                     for i, k in names])
-        return state if local or state.since else None
+        return state if local or state.pending() else None
 
     def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
         """On one mirrored replica: train on this replica's shard of each global batch

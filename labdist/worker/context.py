@@ -175,7 +175,7 @@ class ReplicaContext:
         The first `gradients` arrays are gradients: they go through this replica's compressor
         (with its error feedback) when one is set, the rest travel as they are."""
         comm = self._replica.comm
-        if gradients and comm.compression.active():
+        if gradients and comm.compression.active(what):
             summed, extras = compressed_sum(comm, self.next_seq(), what, arrays[:gradients],
                                             comm.compression, self._replica.backend,
                                             arrays[gradients:])

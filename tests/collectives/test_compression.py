@@ -174,9 +174,9 @@ def test_switching_to_none_sends_the_residuals_once():
         g = [np.arange(100, dtype=np.float32) + comm.rank]
         first, _ = compressed_sum(comm, 1, "g", g, state, NUMPY)
         state.set(None)
-        assert state.active()  # residuals are owed
+        assert state.active("g") and not state.active("other")  # residuals are owed
         second, _ = compressed_sum(comm, 2, "g", g, state, NUMPY)
-        assert not state.active()
+        assert not state.active("g")
         return first[0] + second[0]
 
     results = hub.run(body)

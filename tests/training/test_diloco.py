@@ -216,3 +216,51 @@ def test_multi_worker_strategy_takes_both_modes_as_knobs():
             assert [s["compressed_reductions"] for s in stats] == [2, 2]
         finally:
             strategy.close()
+
+
+def replicas_agree(strategy, variables) -> None:
+    for v in variables:
+        first, *others = strategy.experimental_local_results(v)
+        for other in others:
+            np.testing.assert_array_equal(other, first)
+
+
+def test_synchronous_steps_after_diloco_start_from_one_inner_state(local2):
+    x, y = data(10)
+    local2.set_local_sgd(3, ld.optimizers.SGD(0.7, momentum=0.9, nesterov=True))
+    model = linear_model(local2, ld.optimizers.Adam(0.01))
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)  # 10 steps: 3+3+3+1
+    slots = [v for layer in model._slots for d in layer.values() for v in d.values()]
+    replicas_agree(local2, model.weights)  # fit closed the last round
+    local2.set_local_sgd(None)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    replicas_agree(local2, model.weights + slots)
+
+
+def test_diloco_on_a_model_large_enough_to_update_partitioned(local2):
+    """1.6 MB of weights: the pseudo-gradients reduce-scatter and each replica steps its own
+    segment of the anchors and the outer momentum, then gathers the rest."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6 * 64, 784)).astype(np.float32)
+    y = rng.integers(0, 10, len(x))
+
+    def model():
+        with local2.scope():
+            m = ld.models.Sequential([ld.layers.Dense(512, activation="relu", input_shape=(784,)),
+                                      ld.layers.Dense(10, activation="softmax")], seed=2)
+            m.compile(loss="sparse_categorical_crossentropy", optimizer=ld.optimizers.SGD(0.05))
+        return m
+
+    mirrored, one_step, diloco = model(), model(), model()
+    mirrored.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    local2.set_local_sgd(1, ld.optimizers.SGD(1.0))
+    one_step.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(mirrored.get_weights(), one_step.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    local2.set_local_sgd(2, ld.optimizers.SGD(0.7, momentum=0.9, nesterov=True))
+    diloco.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    outer = diloco._outer
+    replicas_agree(local2, diloco.weights + outer.anchors
+                   + [v for d in outer.slots for v in d.values()])
+    assert any(np.abs(local2.experimental_local_results(v)[0]).max() > 0
+               for d in outer.slots for v in d.values())  # the momentum did move
