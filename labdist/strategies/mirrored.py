@@ -60,7 +60,11 @@ class MirroredStrategy(CommunicationModes, Strategy):
                                           float(connect_timeout), security, transport,
                                           _knob))
         self._compressor, self._local_sgd = modes
-        self._send_communication()
+        try:
+            self._send_communication()
+        except BaseException:  # no strategy to hand back: release what it started
+            self.close()
+            raise
 
     def _reform(self, num_replicas: int | None) -> None:
         super()._reform(num_replicas)

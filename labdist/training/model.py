@@ -210,6 +210,7 @@ class Sequential:
 
     def _train_step(self) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
+        self._ensure_outer()  # local SGD may have been turned on since fit began (a callback)
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
                          self.seed, bool(self._metrics), self._outer)
 

@@ -264,3 +264,31 @@ def test_diloco_on_a_model_large_enough_to_update_partitioned(local2):
                    + [v for d in outer.slots for v in d.values()])
     assert any(np.abs(local2.experimental_local_results(v)[0]).max() > 0
                for d in outer.slots for v in d.values())  # the momentum did move
+
+
+class SwitchAtEpochEnd(ld.callbacks.Callback):
+    """Turns local SGD (H=1, outer SGD(1): the mirrored step) on after epoch 0, off after 1."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            self.strategy.set_local_sgd(1, ld.optimizers.SGD(1.0))
+        elif epoch == 1:
+            self.strategy.set_local_sgd(None)
+
+
+def test_switching_mid_fit_from_a_callback_neither_loses_nor_repeats_steps(local2):
+    x, y = data(6)
+    plain = linear_model(local2, ld.optimizers.SGD(0.05))
+    plain.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0)
+    switched = linear_model(local2, ld.optimizers.SGD(0.05))
+    before = local2.communication_stats()[0]
+    switched.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0,
+                 callbacks=[SwitchAtEpochEnd(local2)])
+    after = local2.communication_stats()[0]
+    assert after["inner_steps"] - before["inner_steps"] == 6  # epoch 1: 6 local steps
+    assert after["synced_steps"] - before["synced_steps"] == 12  # epochs 0 and 2
+    for a, b in zip(plain.get_weights(), switched.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
