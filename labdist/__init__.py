@@ -1,6 +1,7 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
 from labdist import datasets, lab
+from labdist.collectives import compression
 from labdist.context import (
     get_replica_context,
     get_strategy,
@@ -77,6 +78,7 @@ __all__ = [
     "VariableSynchronization",
     "batches",
     "callbacks",
+    "compression",
     "datasets",
     "get_replica_context",
     "get_strategy",

@@ -73,6 +73,8 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: Op, backend) ->
         # transport still works: `broken`), then send
         got = comm.exchange(seq, signature(kind, arrays), device.broken, kind)
         check_signatures([s for s, _ in got], kind)
+        # a ring all-reduce sends 2 (N-1)/N of the data from each rank
+        comm.sent_bytes += 2 * (comm.world - 1) * sum(a.nbytes for a in arrays) // comm.world
         return device.all_reduce(backend.xp, arrays, agg, seq=seq, what=kind,
                                  states=[state for _, state in got])
     host = [backend.to_host(a) for a in arrays]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from labdist.aggregation import Aggregation
+from labdist.collectives.compressed import CompressionState
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
 
 
@@ -25,6 +26,8 @@ class Communicator:
         self.device: DeviceTransport | None = None
         self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self.compression = CompressionState()  # the gradient all-reduce's compressor, residuals
+        self.sent_bytes = 0  # array bytes this replica sent to peers, every collective
 
     @classmethod
     def local(cls) -> Communicator:
@@ -52,6 +55,7 @@ class Communicator:
         With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
         what comes back from each peer is what it addressed to this rank.
         """
+        self.sent_bytes += payload_bytes(payload, self.rank, self.world, per_peer)
         return self.host.exchange(seq, phase, sig, payload, what, per_peer)
 
     def scratch(self, dtype: Any, n: int) -> np.ndarray:
@@ -85,6 +89,24 @@ class Communicator:
             if transport is not None:
                 transport.close()
         self.device = None
+
+
+def payload_bytes(payload: Any, rank: int, world: int, per_peer: bool) -> int:
+    """The array bytes a message puts on the wire to peers (objects other than arrays, and
+    framing, not counted)."""
+    if world == 1:
+        return 0
+    if per_peer:
+        return sum(_array_bytes(p) for d, p in enumerate(payload) if d != rank)
+    return _array_bytes(payload) * (world - 1)
+
+
+def _array_bytes(x: Any) -> int:
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, list | tuple):
+        return sum(_array_bytes(v) for v in x)
+    return 0
 
 
 class SoloTransport:

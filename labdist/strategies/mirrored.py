@@ -9,9 +9,10 @@ from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
 from labdist.strategies.base import Strategy
+from labdist.strategies.communication import CommunicationModes
 
 
-class MirroredStrategy(Strategy):
+class MirroredStrategy(CommunicationModes, Strategy):
     """One replica per Dask worker; variables mirrored on every replica.
 
     num_replicas: replicas (None: one per GPU if there are GPUs, else 2 for an embedded
@@ -29,6 +30,13 @@ class MirroredStrategy(Strategy):
         sent over a direct socket lane unless Dask uses TLS), "shm" (require shared memory),
         "tcp" (Dask comms only, for collectives and steps), or "nccl" (require NCCL between
         GPU replicas). The values come from collectives/registry.py.
+    compression: how gradients travel in the all-reduce of `fit` and
+        `optimizer.apply_gradients`: "none", "fp16", "bf16", `ld.compression.TopK(ratio)` or
+        `ld.compression.PowerSGD(rank)`, with error feedback (docs/less_communication.md).
+    local_steps: None (synchronise every step), or H: local SGD / DiLoCo, each replica takes
+        H optimizer steps on its own, then the replicas average their weight change.
+    outer_optimizer: with local_steps, what applies that averaged change (DiLoCo:
+        `ld.optimizers.SGD(0.7, momentum=0.9, nesterov=True)`; None: plain averaging).
     """
 
     _wrap_single = True  # one replica: run gives one-component PerReplica values, as TF's
@@ -36,8 +44,10 @@ class MirroredStrategy(Strategy):
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
-                 transport: str = "auto", _knob: tuple[str, str] | None = None):
+                 transport: str = "auto", compression: Any = None, local_steps: int | None = None,
+                 outer_optimizer: Any = None, _knob: tuple[str, str] | None = None):
         num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
+        modes = self._init_communication(compression, local_steps, outer_optimizer)
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         transport = registry.parse(transport, "transport")
@@ -51,6 +61,16 @@ class MirroredStrategy(Strategy):
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,
                                           _knob))
+        self._compressor, self._local_sgd = modes
+        try:
+            self._send_communication()
+        except BaseException:  # no strategy to hand back: release what it started
+            self.close()
+            raise
+
+    def _reform(self, num_replicas: int | None) -> None:
+        super()._reform(num_replicas)
+        self._send_communication()  # new replicas start without the modes
 
     @property
     def workers(self) -> list[str]:

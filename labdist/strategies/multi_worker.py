@@ -18,6 +18,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     transport: as for MirroredStrategy ("auto", "shm", "tcp", "nccl"; default "auto").
     communication: TF's older spelling of it, accepted instead: "auto", "ring" (= "tcp":
     Dask comms only, reduce-scatter + all-gather between workers), or "nccl".
+    compression, local_steps, outer_optimizer: less communication, as for MirroredStrategy.
     """
 
     _pipeline_per_replica = True  # one input pipeline per worker, and each replica has one
@@ -25,7 +26,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     def __init__(self, cluster: Any = None, communication: str | None = None, *,
                  transport: str | None = None, num_replicas: int | None = None,
                  device: str = "auto", collective_timeout: float = 30.0,
-                 connect_timeout: float = 10.0, security: Any = None):
+                 connect_timeout: float = 10.0, security: Any = None, compression: Any = None,
+                 local_steps: int | None = None, outer_optimizer: Any = None):
         if communication is not None and transport is not None:
             raise ValueError(
                 f"communication={communication!r} and transport={transport!r} were both "
@@ -39,7 +41,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         super().__init__(num_replicas=num_replicas, cluster=cluster, device=device,
                          collective_timeout=collective_timeout,
                          connect_timeout=connect_timeout, security=security,
-                         transport=transport, _knob=knob)
+                         transport=transport, compression=compression,
+                         local_steps=local_steps, outer_optimizer=outer_optimizer, _knob=knob)
         self._fixed_replicas = num_replicas
 
     def refresh(self) -> bool:

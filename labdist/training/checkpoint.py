@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from labdist.training import replica_slots
 from labdist.training.checkpoint_files import (
     INDEX,
     CheckpointError,
@@ -50,6 +51,9 @@ class Checkpoint:
         for layer_slots in m._slots:
             for slots in layer_slots.values():
                 out.update({f"slot/{v.name}": v for v in slots.values()})
+        m._ensure_outer()
+        if m._outer is not None:  # local SGD / DiLoCo: anchors, outer slots, round counter
+            out.update(m._outer.variables())
         return out
 
     def _read(self, variables: dict[str, object]) -> dict[str, np.ndarray]:
@@ -60,7 +64,9 @@ class Checkpoint:
                 for k, v in variables.items()}
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        arrays = self._read(self._variables())
+        variables = self._variables()
+        arrays = self._read(variables)
+        arrays.update(replica_slots.read(self.model, variables))
         arrays["meta/iterations"] = np.asarray(self.model._iterations, dtype=np.int64)
         arrays["meta/format"] = np.asarray(FORMAT, dtype=np.int64)
         return arrays
@@ -98,11 +104,13 @@ class Checkpoint:
         variables = self._variables()
         headers = read_headers(path)
         check_meta(path, headers, META)
-        check_arrays(path, headers, variables, ignore=META)
+        extra = replica_slots.check(path, headers, variables)
+        check_arrays(path, headers, variables, ignore=META + extra)
         stored = read_arrays(path, sorted(headers))
         iterations = self._check_meta_values(path, stored)
         before = self._read(variables)
         assign_all(self.model._strategy, path, variables, stored, before)
+        replica_slots.assign(self.model, variables, stored)
         self.model._iterations = iterations
 
     def _check_meta_values(self, path: Path, stored: dict) -> int:

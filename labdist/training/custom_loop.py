@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from labdist import context
 from labdist.enums import VariableSynchronization as Sync
+from labdist.training import diloco
 from labdist.training.steps import apply_summed
 from labdist.worker.context import current
 
@@ -47,6 +49,12 @@ def build(optimizer, variables) -> None:
         # reads it as any other variable
         optimizer.iterations = Variable(np.zeros((), np.int64), trainable=False,
                                         aggregation="ONLY_FIRST_REPLICA", name="iterations")
+    strategy = context.get_strategy()
+    if getattr(strategy, "local_steps", None) is not None:  # local SGD / DiLoCo's state
+        if optimizer.outer is None or optimizer.outer.ids != [v.id for v in variables]:
+            optimizer.outer = diloco.OuterVariables(variables, strategy.outer_optimizer)
+        else:
+            optimizer.outer.ensure_slots(strategy.outer_optimizer)
     for v in variables:
         if v.id not in optimizer.slot_variables:
             optimizer.slot_variables[v.id] = {
@@ -88,6 +96,15 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
     return pairs
 
 
+def _round_state(ctx, optimizer, pairs) -> diloco.RoundState:
+    outer = optimizer.outer
+    if outer is None or outer.ids != [v.id for _, v in pairs]:
+        raise RuntimeError(
+            "local SGD is on: call optimizer.build(variables) under strategy.scope() after "
+            "setting local_steps, with the variables apply_gradients updates, in that order")
+    return diloco.RoundState(ctx, outer, [v.shape for _, v in pairs])
+
+
 def apply_gradients(optimizer, grads_and_vars) -> None:
     """On a replica, inside `strategy.run`: sum the gradients over the replicas in one
     all-reduce and apply `optimizer`'s step to this replica's copies (module doc)."""
@@ -104,6 +121,9 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
             "ParameterServerStrategy push updates with v.assign_sub (applied on the parameter "
             "server), or train with model.fit")
     pairs = _checked(optimizer, grads_and_vars)
+    if ctx.compression is not None:  # before anything changes (the step count included)
+        for _, v in pairs:
+            ctx.compression.check_dtype(v.dtype, f"the gradient of {v.name!r}")
     xp = ctx.xp
     step = 1
     if optimizer.iterations is not None:
@@ -114,7 +134,18 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
               for s, sv in optimizer.slot_variables.get(v.id, {}).items()} for _, v in pairs]
+    if ctx.local_sgd is not None:
+        state = _round_state(ctx, optimizer, pairs)
+        diloco.local_step(ctx, optimizer, grads, params, slots, step, state)
+        state.save()
+        return
+    if optimizer.outer is not None and optimizer.outer.ids == [v.id for _, v in pairs]:
+        state = _round_state(ctx, optimizer, pairs)
+        if state.pending():  # local SGD was just turned off: close its round first
+            diloco.leave_local(ctx, params, slots, state)
+            state.save()
     sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step)
+    ctx.communication.synced_steps += 1
     state = [a for d in slots for a in d.values()]
     if sharded and state:  # each rank updated its own segment of the slots: make them whole
         ctx.gather_segments(f"{WHAT}'s slots", state)

@@ -15,7 +15,7 @@ import numpy as np
 
 from labdist import checks, context
 from labdist.input import Batches, shard_bounds
-from labdist.training import fit_checks, losses, optimizers, saving
+from labdist.training import diloco, fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
 from labdist.training.progress import ProgressBar, check_verbose
@@ -51,6 +51,7 @@ class Sequential:
         self._strategy = context.get_strategy()  # as Keras: the strategy in scope now
         self._weights: list[dict[str, Variable]] = []
         self._slots: list[dict[str, dict[str, Variable]]] = []
+        self._outer: diloco.OuterVariables | None = None  # local SGD / DiLoCo's state, once on
         self._compiled = False
         self._loss = None
         self._optimizer = None
@@ -99,6 +100,18 @@ class Sequential:
         if not self.built:
             self.build(x.shape[1])
         self._ensure_slots()
+        self._ensure_outer()
+
+    def _ensure_outer(self) -> None:
+        """Local SGD / DiLoCo's anchors and outer-optimizer slots, once the strategy has
+        local_steps set (kept after it is turned off: checkpoints and a round still open)."""
+        if getattr(self._strategy, "local_steps", None) is None:
+            return
+        with self._strategy.scope():
+            if self._outer is None:
+                self._outer = diloco.OuterVariables(self.weights, self._strategy.outer_optimizer)
+            else:
+                self._outer.ensure_slots(self._strategy.outer_optimizer)
 
     def _ensure_slots(self) -> None:
         if not self._slots:
@@ -133,8 +146,12 @@ class Sequential:
         start = max([initial_epoch, *(e for e in resume if e is not None)])
         steps_before = self._iterations
         try:
-            return self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
-                                validation_data, history)
+            history = self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
+                                   validation_data, history)
+            if self._outer is not None:  # one model to evaluate, save and read: close a round
+                slots = [d for layer in self._slots for d in layer.values()]
+                self._strategy.run(diloco.finish_round, args=(self._outer, self.weights, slots))
+            return history
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
                            f"of this call (epochs {start}..{epochs - 1}) completed before "
@@ -188,8 +205,9 @@ class Sequential:
 
     def _train_step(self, y: np.ndarray) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
+        self._ensure_outer()  # local SGD may have been turned on since fit began (a callback)
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, self._resolved_metrics(y))
+                         self.seed, self._resolved_metrics(y), self._outer)
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",

@@ -28,11 +28,13 @@ class Optimizer:
     def __init__(self):
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
+        self.outer: Any = None  # local SGD / DiLoCo's state (training/diloco.py), once built
 
     def hyperparameters(self) -> dict[str, Any]:
         """The numbers that decide an update (learning rate, momentum, ...), without the state
         `build` made: what tells one configuration of an optimizer from another."""
-        return {k: v for k, v in vars(self).items() if k not in ("slot_variables", "iterations")}
+        return {k: v for k, v in vars(self).items() if k not in ("slot_variables", "iterations",
+                                                              "outer")}
 
     def build(self, variables: Iterable[Any]) -> None:
         """Under `strategy.scope()`: make the state (slot variables, step count) that

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from labdist.training import losses
+from labdist.enums import ReduceOp
+from labdist.training import diloco, losses
 
 
 class DeviceRNG:
@@ -39,7 +40,7 @@ class TrainStep:
     """
 
     def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
-                 seed: int, metrics: tuple = ()):
+                 seed: int, metrics: tuple = (), outer: diloco.OuterVariables | None = None):
         self.layers = layers
         self.weights = weights  # per layer: {name: Variable}
         self.slots = slots  # per layer: {name: {slot: Variable}} (each replica keeps its own)
@@ -47,6 +48,7 @@ class TrainStep:
         self.optimizer = optimizer
         self.seed = seed
         self.metrics = tuple(metrics)  # training.metrics.Metric: only the compiled ones
+        self.outer = outer  # local SGD / DiLoCo's variables, if the model has made them
 
     def variables(self) -> list:
         """The weight variables, in layer order."""
@@ -64,6 +66,17 @@ class TrainStep:
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
                          self.metrics)
+
+    def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
+        """This replica's local-SGD round, where local SGD is on or a round is still open."""
+        if self.outer is None:
+            if local:
+                raise RuntimeError("local SGD is on but the model has no outer state: fit "
+                                   "makes it when the strategy has local_steps set")
+            return None
+        state = diloco.RoundState(ctx, self.outer, [tuple(self.weights[i][k].shape)
+                                                    for i, k in names])
+        return state if local or state.pending() else None
 
     def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
         """On one mirrored replica: train on this replica's shard of each global batch
@@ -84,15 +97,29 @@ class TrainStep:
         stats = xp.zeros(width, dtype=xp.float64)
         history = xp.zeros((len(totals), width), dtype=xp.float64)  # stays on the device
         sharded = False
+        local = ctx.local_sgd is not None
+        state = self.round_state(ctx, names, local)
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
                                                 ctx.replica_id_in_sync_group, step, total)
-
+            grads = [grads[i][k] for i, k in names]
+            if local:  # this replica's own step; the figures are summed once, below
+                diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
+                                  state, owned=True)
+                history[step - first_iteration - 1] = local_stats
+                continue
+            if state is not None:  # local SGD was just turned off: close its round first
+                diloco.leave_local(ctx, flat_params, flat_slots, state)
             sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
-                                    [grads[i][k] for i, k in names], flat_params, flat_slots,
-                                    step, rider=(local_stats, stats))
+                                    grads, flat_params, flat_slots, step,
+                                    rider=(local_stats, stats))
+            ctx.communication.synced_steps += 1
             history[step - first_iteration - 1] = stats
+        if state is not None:
+            state.save()
+        if local:
+            history = ctx.reduce_arrays("fit's loss and accuracy", [history], ReduceOp.SUM)[0]
         slots = [a for d in flat_slots for a in d.values()]
         if sharded and slots:  # each rank updated its own segment of the slots: make them whole
             ctx.gather_segments("the optimizer's slots", slots)
@@ -118,8 +145,8 @@ def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: li
                         {s: a[lo:hi] for s, a in slots[j].items()}, step)
 
     if rider is None:
-        return ctx.reduce_apply(what, grads, params, update)
-    return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update)
+        return ctx.reduce_apply(what, grads, params, update, gradients=n)
+    return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update, gradients=n)
 
 
 def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):

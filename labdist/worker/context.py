@@ -14,6 +14,7 @@ import numpy as np
 from labdist import aggregation, nest
 from labdist.collectives import all_gather, all_reduce
 from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
+from labdist.collectives.compressed import compressed_sum
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.values import concat_along
 
@@ -168,10 +169,41 @@ class ReplicaContext:
             self._replica.comm, self.next_seq(), what, arrays, op, self._replica.backend
         )
 
-    def reduce_apply(self, what: str, arrays: list[Any], targets: list[Any], apply) -> bool:
-        """Summed gradients applied segment by segment (collectives.reduce_scatter_apply)."""
+    def reduce_apply(self, what: str, arrays: list[Any], targets: list[Any], apply,
+                     gradients: int = 0) -> bool:
+        """Summed gradients applied segment by segment (collectives.reduce_scatter_apply).
+        The first `gradients` arrays are gradients: they go through this replica's compressor
+        (with its error feedback) when one is set, the rest travel as they are."""
+        comm = self._replica.comm
+        if gradients and comm.compression.active(what):
+            summed, extras = compressed_sum(comm, self.next_seq(), what, arrays[:gradients],
+                                            comm.compression, self._replica.backend,
+                                            arrays[gradients:])
+            for i, s in enumerate([*summed, *extras]):
+                apply(i, 0, s.size, s.reshape(-1))
+            return False
         return reduce_scatter_apply(self._replica.comm, self.next_seq(), what, arrays, targets,
                                     apply, self._replica.backend)
+
+    @property
+    def compression(self):
+        """The compressor of this replica's gradient all-reduce (None: plain)."""
+        return self._replica.comm.compression.compressor
+
+    @property
+    def local_sgd(self):
+        """This replica's local-SGD / DiLoCo settings (None: synchronise every step)."""
+        return self._replica.communication.local_sgd
+
+    @property
+    def communication(self):
+        """This replica's communication modes and their counters (worker/communication.py)."""
+        return self._replica.communication
+
+    @property
+    def bytes_sent(self) -> int:
+        """Array bytes this replica has sent to its peers so far, every collective."""
+        return self._replica.comm.sent_bytes
 
     def gather_segments(self, what: str, arrays: list[Any]) -> None:
         """Make arrays that each rank updated only in its own segment whole again."""

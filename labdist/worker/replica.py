@@ -26,6 +26,7 @@ from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
+from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
 from labdist.worker.lifetime import DriverWatch, logger
@@ -49,6 +50,7 @@ class ReplicaCore:
         self.values: dict[int, Any] = {}
         self.diverged: set[int] = set()
         self.feeds: dict[str, Any] = {}  # input pipelines that live here (labdist.input)
+        self.communication = Communication(comm)  # local SGD / compression settings, counters
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._resume: queue.SimpleQueue = queue.SimpleQueue()
         self._event: Future | None = None
