@@ -1,0 +1,107 @@
+"""The lab's parameter servers as they really run, headless on a real LocalCluster: in async
+mode each worker loops on its own (a straggler slows only its own updates, never the others'),
+and without use_locking the races are real and counted within seconds."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist.lab import Kind
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    s = ld.MirroredStrategy(num_replicas=2)
+    yield s
+    s.close()
+
+
+def rate_of(lab, worker: int, since: float, until: float) -> float:
+    """Worker `worker`'s applied updates per second between two time.time() marks."""
+    h = lab.history
+    n = sum(1 for w, t in zip(h.worker, h.time, strict=True)
+            if w == worker and since <= t < until)
+    return n / (until - since)
+
+
+def test_a_straggler_slows_only_its_own_updates(strategy):
+    with ld.Lab(strategy, kind="ps_async") as lab:
+        lab.run()
+        time.sleep(1.0)  # warm: the workers have the step function
+        t0 = time.time()
+        time.sleep(2.0)
+        t1 = time.time()
+        free = rate_of(lab, 0, t0, t1)
+        lab.set(delay={1: 0.2})
+        time.sleep(0.5)
+        t2 = time.time()
+        time.sleep(2.0)
+        t3 = time.time()
+        lab.pause()
+        slowed = rate_of(lab, 0, t2, t3)
+        straggler = rate_of(lab, 1, t2, t3)
+        print(f"worker 0: {free:.0f}/s free, {slowed:.0f}/s beside a 0.2 s straggler "
+              f"(worker 1: {straggler:.1f}/s)")
+        assert free > 10
+        assert slowed >= 0.7 * free  # nobody waits for the straggler
+        assert straggler <= 5.5  # ~1 update per 0.2 s: it is slow alone
+        # its pushes land late: the others applied many updates since its read
+        stats = lab.strategy.stats()
+        assert stats.max_staleness >= 10
+
+
+def test_steps_are_one_update_each_and_numbered_as_they_finish(strategy):
+    with ld.Lab(strategy, kind="ps_async", delays=[0.0, 0.05]) as lab:
+        lab.step(40)
+        h = lab.history
+        assert h.step == list(range(1, 41)) and set(h.contributions) == {1}
+        assert set(h.worker) == {0, 1} and sum(h.updates_per_worker.values()) == 40
+        rates = h.worker_rates()
+        assert rates[0] > rates[1]
+
+
+def test_races_show_without_use_locking_and_stop_with_it(strategy):
+    """The lab's default model and settings: torn reads or lost updates within 10 s of
+    switching to PS async, none once use_locking is on."""
+    seen: list[dict] = []
+    with ld.Lab(strategy) as lab:
+        lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.run()
+        lab.set(kind="ps_async")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            racy = [s for s in seen if s["kind"] == "ps_async" and not s["use_locking"]]
+            if racy and racy[-1]["torn_reads"] + racy[-1]["lost_updates"] > 0:
+                break
+            time.sleep(0.05)
+        found = time.monotonic() - t0
+        last = racy[-1]
+        print(f"without use_locking after {found:.1f} s: {last['updates']} updates, "
+              f"{last['torn_reads']} torn reads, {last['lost_updates']} lost updates")
+        assert last["torn_reads"] + last["lost_updates"] > 0 and found < 10
+        lab.set(use_locking=True)
+        time.sleep(3.0)
+        lab.pause()
+        locked = [s for s in seen if s["kind"] == "ps_async" and s["use_locking"]]
+        print(f"with use_locking: {locked[-1]}")
+        assert locked[-1]["updates"] > 100
+        assert locked[-1]["torn_reads"] == 0 and locked[-1]["lost_updates"] == 0
+
+
+def test_a_switch_to_sync_keeps_the_barrier(strategy):
+    with ld.Lab(strategy, kind="ps_async") as lab:
+        lab.step(10)
+        lab.set(kind="ps_sync", delay={1: 0.1})
+        t0 = time.perf_counter()
+        lab.step(5)
+        took = time.perf_counter() - t0
+        assert lab.config.kind is Kind.PS_SYNC
+        rows = [c for k, c in zip(lab.history.kind, lab.history.contributions, strict=True)
+                if k == "ps_sync" and c]
+        assert rows == [2] * 5  # one update per round, both workers' gradients
+        assert took >= 5 * 0.1  # every round waited for the straggler
+        assert np.isfinite(lab.history.global_loss[-1])
