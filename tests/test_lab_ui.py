@@ -159,10 +159,11 @@ def test_parameter_server_staleness_reaches_the_histogram(strategy):
             if m["type"] == "add":
                 for k, v in m["counts"].items():
                     added[int(k)] += v
-        assert sum(added.values()) == 20 * 2 * 2  # a push per variable, worker and round
+        assert sum(added.values()) == 20  # async: a step is one worker's push
         assert dict(added) == panel.charts["staleness"].counts
         assert "torn reads: " in panel.charts["staleness"].note
         assert "lost updates: " in panel.charts["staleness"].note  # beside the torn reads
+        assert re.search(r"per worker: w0 \d+ \(\d+/s\), w1 \d+", panel.charts["staleness"].note)
         panel.close()
         lab.step(2)  # a closed panel no longer collects the run's items
         assert panel.publisher.items.empty()
@@ -259,10 +260,14 @@ def test_captions_say_what_to_expect_in_each_mode():
     assert "every 5 steps" in text(synchronization="ON_READ", sync_period=5)["spread"]
     ps = text(kind="ps_async")
     assert "not diverging copies" in ps["spread"]
-    assert "waits for each round" in ps["throughput"]
-    assert "torn reads and lost updates can be non-zero" in ps["staleness"]
-    assert "serialised" in text(kind="ps_async", use_locking=True)["staleness"]
+    assert "a straggler slows only its own updates" in ps["throughput"]
+    assert "torn read: a worker read the parameters while an update was half applied" \
+        in ps["staleness"]
+    assert "lost update: two updates of one parameter overlapped" in ps["staleness"]
+    assert "torn reads and lost updates stay 0" in text(kind="ps_async",
+                                                         use_locking=True)["staleness"]
     assert "staleness 0" in text(kind="ps_sync")["staleness"]
+    assert "waits at the barrier" in text(kind="ps_sync")["throughput"]
     assert "no parameter servers now" in text()["staleness"]
 
 
@@ -293,5 +298,30 @@ def test_the_staleness_bars_add_up_to_the_updates_shown_across_switches(strategy
             chart = panel.charts["staleness"]
             shown = int(re.match(r"(\d+) updates", chart.note).group(1))
             assert sum(chart.counts.values()) == shown, (kind, chart.counts, chart.note)
-            assert shown == (0 if kind == "mirrored" else 6 * 2 * 2), chart.note
+            assert shown == (0 if kind == "mirrored" else 6), chart.note
+        panel.close()
+
+
+def test_a_diverged_run_says_so_on_the_panel(strategy):
+    with ld.Lab(strategy, aggregation="SUM", learning_rate=0.9) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        lab.run()
+        deadline = time.monotonic() + 30
+        while lab.state != "diverged" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lab.state == "diverged"
+        time.sleep(3 / RATE_HZ + 1 / 5)  # a frame and a status refresh
+        step = lab.divergence.step
+        assert f"Diverged at step {step}" in panel.alert.value
+        assert "lower the learning rate and reset" in panel.alert.value
+        assert "replica " in panel.alert.value and panel.alert.layout.display == ""
+        assert f"diverged at step {step}" in panel.status.value
+        log = "".join(o["text"] for o in panel.log.outputs)
+        assert f"step {step}: the run diverged at step {step}: replica" in log
+        marks = [m for m in sent["loss"] if m["type"] == "event"]
+        assert any(m.get("label") == "diverged" for m in marks), marks
+        lab.reset()
+        time.sleep(3 / RATE_HZ)
+        assert panel.alert.value == "" and panel.alert.layout.display == "none"
         panel.close()

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import ipywidgets as w
 
-from labdist.lab.config import AGGREGATIONS, RunConfig
+from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
 
-KIND_OPTIONS = [("mirrored", "mirrored"), ("PS async", "ps_async"), ("PS sync", "ps_sync")]
+KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
 WIDE = w.Layout(width="290px")
 STYLE = {"description_width": "110px"}
@@ -65,9 +65,16 @@ class Controls:
                               "how differing copies become one on a switch", "90px")
         self.pace = w.IntSlider(value=0, min=0, max=200, step=5,
                                 description="pace (steps/s)", style=STYLE, layout=WIDE)
-        for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace):
+        self.apply_delay = w.FloatSlider(
+            value=2.0, min=0.0, max=20.0, step=0.5, description="apply delay (ms)",
+            tooltip="PS: how long a parameter server holds each chunk of an update before "
+            "writing it; wider windows make races (torn reads, lost updates) likelier",
+            style=STYLE, layout=WIDE)
+        for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace,
+                       self.apply_delay):
             slider.continuous_update = False  # one change when released, not one per pixel
-        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace"):
+        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace",
+                     "apply_delay"):
             getattr(self, name).add_class(f"labdist-{name.replace('_', '-')}")
         self.buttons = {label: w.Button(description=label, layout=w.Layout(width="68px"))
                         for label in ("run", "pause", "step", "reset")}
@@ -79,7 +86,7 @@ class Controls:
 
     def _bind(self) -> None:
         for name in ("kind", "synchronization", "aggregation", "learning_rate", "skew",
-                     "use_locking", "sync_period", "resync", "pace"):
+                     "use_locking", "sync_period", "resync", "pace", "apply_delay"):
             getattr(self, name).observe(self._changed(name), names="value")
         for r, slider in enumerate(self.delays):
             slider.observe(self._changed_delay(r), names="value")
@@ -92,7 +99,11 @@ class Controls:
     def _changed(self, name: str):
         def observer(change: dict) -> None:
             if not self._quiet.on:
-                value = float(change["new"]) if name == "pace" else change["new"]
+                value = change["new"]
+                if name == "pace":
+                    value = float(value)
+                elif name == "apply_delay":  # shown in ms
+                    value = float(value) / 1e3
                 self._safely(lambda: self.lab.set(**{name: value}))
         return observer
 
@@ -116,7 +127,7 @@ class Controls:
         """Show `config` (from the publisher's thread) without queuing it again."""
         self._quiet.on = True
         try:
-            self.kind.value = config.kind
+            self.kind.value = config.kind.value
             self.synchronization.value = config.synchronization.name
             self.aggregation.value = config.aggregation.name
             self.learning_rate.value = config.learning_rate
@@ -127,10 +138,12 @@ class Controls:
             self.sync_period.value = min(config.sync_period, self.sync_period.max)
             self.resync.value = config.resync
             self.pace.value = int(min(config.pace, self.pace.max))
-            mirrored = config.kind == "mirrored"
+            self.apply_delay.value = min(config.apply_delay * 1e3, self.apply_delay.max)
+            mirrored = not config.kind.is_ps
             self.synchronization.disabled = not mirrored
             self.sync_period.disabled = not mirrored
             self.use_locking.disabled = mirrored
+            self.apply_delay.disabled = mirrored
         finally:
             self._quiet.on = False
 
@@ -142,8 +155,9 @@ class Controls:
             w.HBox(list(self.buttons.values())),
             section("strategy"), self.kind, section("synchronization"), self.synchronization,
             section("aggregation"), self.aggregation,
-            section("re-sync on switching to ON_WRITE or a PS"), self.resync,
-            self.sync_period, self.use_locking,
+            section("re-sync when copies must become one"), self.resync,
+            self.sync_period, section("parameter servers"), self.use_locking,
+            self.apply_delay,
             section("optimizer and data"), self.learning_rate, self.skew,
             section("stragglers"), *self.delays,
             section("speed"), self.pace,

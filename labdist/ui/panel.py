@@ -52,12 +52,16 @@ class LabPanel:
         self.log = w.Output(layout=w.Layout(max_height="140px", overflow="auto",
                                             border="1px solid #ddd"))
         self.log.add_class("labdist-log")
+        self.alert = w.HTML("", layout=w.Layout(display="none", border="2px solid #b00",
+                                                padding="4px 8px", margin="0 0 6px 0"))
+        self.alert.add_class("labdist-alert")
         link = lab.dashboard_link
         self.dashboard = w.HTML(
             f"<a href='{html.escape(link)}' target='_blank'>Dask dashboard</a>" if link
             else "no Dask dashboard for this cluster")
         self.dashboard.add_class("labdist-dashboard")
-        self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log)
+        self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log,
+                                   self.alert)
         self.controls.on_error = lambda text: self.log.append_stdout(f"refused: {text}\n")
         charts = list(self.charts.values())
         plane = [self.charts["plane"]] if "plane" in self.charts else []
@@ -67,7 +71,7 @@ class LabPanel:
                          layout=w.Layout(grid_template_columns="repeat(auto-fit, "
                                          "minmax(280px, 1fr))",
                                          grid_gap="6px 10px", width="100%"))
-        right = w.VBox([self.status, *plane, grid,
+        right = w.VBox([self.status, self.alert, *plane, grid,
                         w.HTML("<b>events</b>"), self.log],
                        layout=w.Layout(flex="1 1 480px", min_width="0", width="auto"))
         self.window = w.IntSlider(

@@ -8,6 +8,7 @@ every chart, keeps the controls showing the configuration, and writes the event 
 
 from __future__ import annotations
 
+import html
 import queue
 import threading
 import time
@@ -27,17 +28,19 @@ NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-serve
 
 
 class Publisher:
-    def __init__(self, lab, charts: dict[str, Any], controls, status, log):
+    def __init__(self, lab, charts: dict[str, Any], controls, status, log, alert=None):
         self.lab = lab
         self.charts = charts
         self.controls = controls
         self.status = status
         self.log = log
+        self.alert = alert  # an HTML widget: what stopped the run, in words (divergence)
         self.frames = 0  # frames that sent something
         self.publish_s = 0.0  # Python time spent building and sending them
         self.items = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ps_seen: Counter[int] = Counter()
+        self._ps_prev: tuple[float, int, int] | None = None  # (time, torn, lost): the rates
         self._surface_skew: float | None = None
         self._surface_at = 0.0
         self._log_lines = 0
@@ -47,6 +50,10 @@ class Publisher:
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
         self._captions(lab.config)
+        if lab.divergence is not None:  # a panel shown after the run diverged says so too
+            error = lab.divergence
+            self.items.put({"type": "diverged", "step": error.step, "where": error.where,
+                            "text": str(error)})
         self._unsubscribe = lab.subscribe(self.items.put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
@@ -101,6 +108,8 @@ class Publisher:
                 self._ps_stats(item)
             elif kind == "reset":
                 self._reset()
+            elif kind == "diverged":
+                self._diverged(item)
             elif kind == "error":
                 self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
         self._rows(rows)
@@ -140,6 +149,7 @@ class Publisher:
                   "after the request)")
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
+            self._ps_prev = None
         self.controls.sync(self.lab.pending_config())
         self._captions(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
@@ -151,10 +161,38 @@ class Publisher:
                  if v > self._ps_seen.get(k, 0)}
         self._ps_seen = seen
         self.charts["staleness"].add(delta)
-        self.charts["staleness"].note = (f"{item['updates']} updates (the bars' total) · "
-                                         f"torn reads: {item['torn_reads']} · "
-                                         f"lost updates: {item['lost_updates']} · "
-                                         f"dropped stale: {item['dropped']}")
+        now, torn, lost = time.monotonic(), item["torn_reads"], item["lost_updates"]
+        rates = ""
+        if self._ps_prev is not None and now - self._ps_prev[0] > 0.05:
+            span = now - self._ps_prev[0]
+            rates = (f" ({(torn - self._ps_prev[1]) / span:.0f}/s)",
+                     f" ({(lost - self._ps_prev[2]) / span:.0f}/s)")
+        self._ps_prev = (now, torn, lost)
+        torn_rate, lost_rate = rates or ("", "")
+        parts = [f"{item['updates']} updates (the bars' total)"]
+        if item.get("kind") == "ps_async":
+            counts = self.lab.history.updates_per_worker
+            speed = self.lab.history.worker_rates()
+            parts.append("per worker: " + ", ".join(
+                f"w{w} {counts.get(w, 0)} ({speed.get(w, 0.0):.0f}/s)"
+                for w in range(self.lab.num_replicas)))
+        parts += [f"torn reads: {torn}{torn_rate}", f"lost updates: {lost}{lost_rate}",
+                  f"dropped stale: {item['dropped']}"]
+        self.charts["staleness"].note = " · ".join(parts)
+
+    def _diverged(self, item: dict) -> None:
+        """Say it on the panel: the banner, a mark at the step on every chart, the log."""
+        for name, chart in self.charts.items():
+            if name == "plane":
+                chart.event("diverged")
+            elif name != "staleness":
+                chart.event(item["step"], "diverged")
+        self._log(f"step {item['step']}: {item['text']}")
+        if self.alert is not None:
+            self.alert.value = (f"<div class='labdist-alert-text'><b>Diverged at step "
+                                f"{item['step']}</b>: {html.escape(item['where'])}. Training "
+                                "paused: lower the learning rate and reset.</div>")
+            self.alert.layout.display = ""
 
     def _captions(self, config) -> None:
         """Each chart's line of what to expect, for the mode now in effect."""
@@ -167,6 +205,10 @@ class Publisher:
             chart.reset()
         self.charts["staleness"].note = NO_PS_NOTE
         self._ps_seen.clear()
+        self._ps_prev = None
+        if self.alert is not None:
+            self.alert.value = ""
+            self.alert.layout.display = "none"
         self._log("reset: back to the initial parameters at step 0")
         if self._plane_index is not None:
             self._surface(force=True)
@@ -222,7 +264,9 @@ class Publisher:
 
     def _show_status(self) -> None:
         lab = self.lab
-        parts = [f"<b>step {lab.step_count}</b>", lab.state,
+        state = (f"<span style='color:#b00'><b>diverged at step {lab.divergence.step}</b>"
+                 "</span>" if lab.state == "diverged" and lab.divergence else lab.state)
+        parts = [f"<b>step {lab.step_count}</b>", state,
                  f"{lab.steps_per_second():.0f} steps/s", lab.config.describe()]
         if self._last_delay is not None:
             parts.append(f"last change applied {self._last_delay * 1e3:.0f} ms after request")
