@@ -76,6 +76,8 @@ class Controls:
         for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace",
                      "apply_delay"):
             getattr(self, name).add_class(f"labdist-{name.replace('_', '-')}")
+        for r, slider in enumerate(self.delays):
+            slider.add_class(f"labdist-delay-{r}")
         self.buttons = {label: w.Button(description=label, layout=w.Layout(width="68px"))
                         for label in ("run", "pause", "step", "reset")}
         for label, b in self.buttons.items():

@@ -1,0 +1,128 @@
+"""The parameter-server half of the lab tells the truth, in a real JupyterLab at 1280 x 800 with
+the file browser open, with the lab's default model and settings: PS async without use_locking
+shows torn reads or lost updates within 10 s, use_locking brings their rates to 0, a 0.2 s
+straggler on worker 1 leaves worker 0's update rate (read off the panel) at >= 70 % of what it
+was, and a learning rate of 0.9 pauses the run with the divergence message."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+
+pytestmark = [pytest.mark.browser]
+
+CELLS = ["import labdist as ld\nlab = ld.Lab()\nlab.show()", "lab.run()", "lab.close()"]
+NOTE = "() => document.querySelector('.labdist-staleness').textContent"
+
+
+def _note(page) -> dict[str, float]:
+    """The numbers the staleness chart's note shows now."""
+    text = page.evaluate(NOTE)
+    out: dict[str, float] = {"t": time.monotonic()}
+    for key, pattern in (("updates", r"(\d+) updates"), ("w0", r"w0 (\d+)"),
+                         ("w1", r"w1 (\d+)"), ("torn", r"torn reads: (\d+)"),
+                         ("lost", r"lost updates: (\d+)")):
+        m = re.search(pattern, text)
+        out[key] = float(m.group(1)) if m else float("nan")
+    return out
+
+
+def _rate(page, key: str, seconds: float) -> float:
+    a = _note(page)
+    page.wait_for_timeout(seconds * 1000)
+    b = _note(page)
+    return (b[key] - a[key]) / (b["t"] - a["t"])
+
+
+def _set_readout(page, control: str, value: str) -> None:
+    readout = page.locator(f".labdist-{control} .widget-readout")
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(value)
+    page.keyboard.press("Enter")
+
+
+@pytest.mark.timeout(480)
+def test_parameter_servers_run_free_race_and_diverge_at_1280x800(tmp_path):
+    write_notebook(tmp_path / "lab.ipynb", CELLS)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, float] = {}
+    with JupyterLab(tmp_path, "on") as server, browser(1280, 800) as page:
+        nb = Notebook(page, server, "lab.ipynb")
+        try:
+            assert page.locator(".jp-FileBrowser").is_visible()  # the file browser is open
+            nb.run(0)
+            page.locator(".labdist-panel").wait_for()
+            nb.run(1)
+            page.wait_for_function(
+                "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
+
+            # PS async without use_locking: races counted within 10 s of the click
+            page.locator(".labdist-kind button").filter(has_text=re.compile("^PS async$")).click()
+            clicked = time.monotonic()
+            page.wait_for_function(
+                "() => { const t = document.querySelector('.labdist-staleness').textContent;"
+                " const n = (re) => Number((t.match(re) || [0, 0])[1]);"
+                " return n(/torn reads: (\\d+)/) + n(/lost updates: (\\d+)/) > 0; }",
+                timeout=10_000)
+            figures["races_after_s"] = time.monotonic() - clicked
+            assert figures["races_after_s"] < 10
+            page.locator(".labdist-staleness .labdist-caption",
+                         has_text="lost update: two updates").wait_for(timeout=10_000)
+            page.wait_for_timeout(1000)
+            figures["torn_per_s"] = _rate(page, "torn", 2.0)
+            figures["lost_per_s"] = _rate(page, "lost", 2.0)
+
+            # a 0.2 s straggler on worker 1 slows only its own updates
+            figures["w0_free_per_s"] = _rate(page, "w0", 3.0)
+            _set_readout(page, "delay-1", "0.2")
+            page.locator(".labdist-log", has_text="delays →").wait_for(timeout=30_000)
+            page.wait_for_timeout(1000)
+            figures["w0_beside_straggler_per_s"] = _rate(page, "w0", 3.0)
+            figures["w1_straggler_per_s"] = _rate(page, "w1", 2.0)
+            assert figures["w0_free_per_s"] > 10, figures
+            assert figures["w0_beside_straggler_per_s"] >= 0.7 * figures["w0_free_per_s"], \
+                figures
+            assert figures["w1_straggler_per_s"] <= 6, figures
+            page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-truth-async.png"))
+
+            # use_locking: both rates 0
+            _set_readout(page, "delay-1", "0")
+            page.locator(".labdist-use-locking input").click()
+            page.locator(".labdist-log", has_text="use_locking → True").wait_for(timeout=30_000)
+            page.locator(".labdist-staleness .labdist-caption",
+                         has_text="torn reads and lost updates stay 0").wait_for(timeout=10_000)
+            page.wait_for_timeout(1500)
+            locked = _note(page)
+            figures["locked_torn_per_s"] = _rate(page, "torn", 2.0)
+            figures["locked_lost_per_s"] = _rate(page, "lost", 2.0)
+            after = _note(page)
+            assert after["updates"] > locked["updates"] > 0, (locked, after)
+            assert after["torn"] == 0 and after["lost"] == 0, after
+            assert figures["locked_torn_per_s"] == 0 and figures["locked_lost_per_s"] == 0
+
+            # a learning rate of 0.9 pauses the run and says why
+            page.locator(".labdist-use-locking input").click()
+            _set_readout(page, "learning-rate", "0.9")
+            alert = page.locator(".labdist-alert", has_text="lower the learning rate and reset")
+            alert.wait_for(timeout=60_000)
+            text = alert.inner_text()
+            assert re.search(r"Diverged at step \d+: worker \d's ", text), text
+            assert page.locator(".labdist-status", has_text="diverged at step").is_visible()
+            assert "the run diverged at step" in page.locator(".labdist-log").inner_text()
+            page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-truth-diverged.png"))
+            _set_readout(page, "learning-rate", "0.05")
+            page.locator(".labdist-reset").click()
+            alert.wait_for(state="hidden", timeout=30_000)
+            nb.run(2)
+            assert nb.errors() == []
+        except BaseException:
+            page.screenshot(path=str(OUTPUT / "lab-truth-failed.png"))
+            raise
+        finally:
+            (OUTPUT / "lab-truth-figures.json").write_text(json.dumps(figures, indent=1))
+            print(figures)
