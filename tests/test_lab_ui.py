@@ -133,7 +133,7 @@ def test_controls_only_queue_and_show_what_applies(strategy):
         c.buttons["step"].click()
         lab.wait()
         assert lab.step_count > 0 and c.error is None
-        log = "".join(o["text"] for o in panel.log.outputs)
+        log = panel.log.text
         assert "aggregation → SUM" in log and "skew → 1.5" in log
         panel.close()
 
@@ -143,7 +143,7 @@ def test_a_refused_control_value_is_logged_not_raised(strategy):
         panel = LabPanel(lab)
         panel.controls._changed("learning_rate")({"new": -1.0})
         assert "learning_rate=-1.0 is not allowed" in panel.controls.error
-        assert "refused: ValueError" in "".join(o["text"] for o in panel.log.outputs)
+        assert "refused: ValueError" in panel.log.text
         assert lab.events == []
         panel.close()
 
@@ -311,17 +311,59 @@ def test_a_diverged_run_says_so_on_the_panel(strategy):
         while lab.state != "diverged" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert lab.state == "diverged"
-        time.sleep(3 / RATE_HZ + 1 / 5)  # a frame and a status refresh
         step = lab.divergence.step
+        deadline = time.monotonic() + 5  # a frame and a status refresh
+        while f"diverged at step {step}" not in panel.status.value \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert f"Diverged at step {step}" in panel.alert.value
         assert "lower the learning rate and reset" in panel.alert.value
         assert "replica " in panel.alert.value and panel.alert.layout.display == ""
         assert f"diverged at step {step}" in panel.status.value
-        log = "".join(o["text"] for o in panel.log.outputs)
+        log = panel.log.text
         assert f"step {step}: the run diverged at step {step}: replica" in log
         marks = [m for m in sent["loss"] if m["type"] == "event"]
         assert any(m.get("label") == "diverged" for m in marks), marks
         lab.reset()
-        time.sleep(3 / RATE_HZ)
+        settle(panel, lab)
         assert panel.alert.value == "" and panel.alert.layout.display == "none"
         panel.close()
+
+
+def test_the_event_log_keeps_every_event_and_a_reset_clears_it(strategy):
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        for i in range(70):  # more than a log trimmed to its last lines would keep
+            lab.set(learning_rate=0.01 + i * 1e-4)
+            lab.step(1)
+        settle(panel, lab)
+        switches = [line for line in panel.log.lines if "learning_rate →" in line]
+        assert len(switches) == len(lab.events) == 70
+        assert [s.split(": ", 1)[1].split("  (")[0] for s in switches] == \
+            [f"learning_rate → {e.changes['learning_rate'][1]:g}" for e in lab.events]
+        assert "flex-direction:column-reverse" in panel.log.widget.value  # newest in view
+        lab.reset()
+        settle(panel, lab)
+        assert panel.log.lines == ["reset: back to the initial parameters at step 0"]
+        panel.close()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_step_axis_tick_labels_stay_distinct_after_many_steps(tmp_path):
+    script = tmp_path / "ticks.mjs"
+    script.write_text(
+        f'import {{ tickFmt, ticks }} from "{ROOT / "widgets" / "_shared.js"}";\n'
+        "const out = [];\n"
+        "for (const [lo, hi] of [[13000, 13200], [99800, 100000], [0, 1], [-0.5, 0.5],\n"
+        "                        [1e7, 1e7 + 40], [0.001, 0.0012]]) {\n"
+        "  const t = ticks(lo, hi, 4);\n"
+        "  out.push(t.map((v) => tickFmt(v, t[1] - t[0])));\n"
+        "}\n"
+        "console.log(JSON.stringify(out));\n")
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    labels = json.loads(done.stdout)
+    for row in labels:
+        assert len(set(row)) == len(row) >= 3, row  # neighbours never read the same
+    assert labels[0][:2] == ["13,000", "13,050"]

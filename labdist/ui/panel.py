@@ -10,6 +10,7 @@ import html
 import ipywidgets as w
 
 from labdist.ui.controls import Controls
+from labdist.ui.event_log import EventLog
 from labdist.ui.histogram import Histogram
 from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
@@ -27,7 +28,7 @@ def make_charts(lab) -> dict:
                                series=[*replicas, "global"], colors=[*PALETTE[:n], "#000000"],
                                emphasis=n, log_y=True)
     charts["throughput"] = LineChart(title="throughput", y_label="steps / s",
-                                     series=["steps / s"], colors=["#2b8a3e"])
+                                     series=["steps / s"], colors=["#2b8a3e"], zero_y=True)
     charts["staleness"] = Histogram(
         title="parameter-server staleness", x_label="staleness (updates between read and "
         "apply)", y_label="updates",
@@ -49,9 +50,7 @@ class LabPanel:
         self.controls = Controls(lab)
         self.status = w.HTML("", layout=w.Layout(margin="0 16px 4px 4px"))
         self.status.add_class("labdist-status")
-        self.log = w.Output(layout=w.Layout(max_height="140px", overflow="auto",
-                                            border="1px solid #ddd"))
-        self.log.add_class("labdist-log")
+        self.log = EventLog()
         self.alert = w.HTML("", layout=w.Layout(display="none", border="2px solid #b00",
                                                 padding="4px 8px", margin="0 0 6px 0"))
         self.alert.add_class("labdist-alert")
@@ -62,7 +61,7 @@ class LabPanel:
         self.dashboard.add_class("labdist-dashboard")
         self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log,
                                    self.alert)
-        self.controls.on_error = lambda text: self.log.append_stdout(f"refused: {text}\n")
+        self.controls.on_error = lambda text: self.log.append(f"refused: {text}")
         charts = list(self.charts.values())
         plane = [self.charts["plane"]] if "plane" in self.charts else []
         # two chart columns where they fit, one where not; the charts go under the controls
@@ -72,7 +71,7 @@ class LabPanel:
                                          "minmax(280px, 1fr))",
                                          grid_gap="6px 10px", width="100%"))
         right = w.VBox([self.status, self.alert, *plane, grid,
-                        w.HTML("<b>events</b>"), self.log],
+                        w.HTML("<b>events</b>"), self.log.widget],
                        layout=w.Layout(flex="1 1 480px", min_width="0", width="auto"))
         self.window = w.IntSlider(
             value=DEFAULT_WINDOW, min=0, max=2000, step=50, description="window (steps)",

@@ -2,8 +2,8 @@
 
 Its subscription to the lab (`lab.subscribe`) only puts items in a queue; this thread batches
 them into deltas (all the steps since the last frame in one message per chart), draws events on
-every chart, keeps the controls showing the configuration, and writes the event log through
-`Output.append_stdout` (never `with out:` from a thread).
+every chart, keeps the controls showing the configuration, and writes the event log
+(ui/event_log.py: every line since the last reset).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from labdist.ui.captions import captions
 
 RATE_HZ = 20
 STATUS_HZ = 5
-LOG_LINES = 60
 GRID = 56  # the loss surface's resolution per axis
 NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-server steps in "
               "this mode yet)")
@@ -43,7 +42,6 @@ class Publisher:
         self._ps_prev: tuple[float, int, int] | None = None  # (time, torn, lost): the rates
         self._surface_skew: float | None = None
         self._surface_at = 0.0
-        self._log_lines = 0
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
@@ -206,6 +204,7 @@ class Publisher:
         self.charts["staleness"].note = NO_PS_NOTE
         self._ps_seen.clear()
         self._ps_prev = None
+        self.log.clear()
         if self.alert is not None:
             self.alert.value = ""
             self.alert.layout.display = "none"
@@ -256,11 +255,7 @@ class Publisher:
 
     # -- text -------------------------------------------------------------------------------------
     def _log(self, line: str) -> None:
-        if self._log_lines >= LOG_LINES:  # keep the log (re-sent whole on each change) small
-            self.log.outputs = self.log.outputs[-(LOG_LINES // 2):]
-            self._log_lines = LOG_LINES // 2
-        self.log.append_stdout(line + "\n")
-        self._log_lines += 1
+        self.log.append(line)
 
     def _show_status(self) -> None:
         lab = self.lab
