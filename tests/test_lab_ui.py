@@ -313,15 +313,16 @@ def test_a_diverged_run_says_so_on_the_panel(strategy):
         assert lab.state == "diverged"
         step = lab.divergence.step
         deadline = time.monotonic() + 5  # a frame and a status refresh
-        while f"diverged at step {step}" not in panel.status.value \
-                and time.monotonic() < deadline:
+        while (f"diverged at step {step}" not in panel.status.value
+               or not panel.alert.value) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert f"Diverged at step {step}" in panel.alert.value
+        assert f"Diverged at step {step}" in panel.alert.value, panel.log.text
         assert "lower the learning rate and reset" in panel.alert.value
         assert "replica " in panel.alert.value and panel.alert.layout.display == ""
         assert f"diverged at step {step}" in panel.status.value
         log = panel.log.text
         assert f"step {step}: the run diverged at step {step}: replica" in log
+        assert "panel error" not in log
         marks = [m for m in sent["loss"] if m["type"] == "event"]
         assert any(m.get("label") == "diverged" for m in marks), marks
         lab.reset()
@@ -367,3 +368,20 @@ def test_step_axis_tick_labels_stay_distinct_after_many_steps(tmp_path):
     for row in labels:
         assert len(set(row)) == len(row) >= 3, row  # neighbours never read the same
     assert labels[0][:2] == ["13,000", "13,050"]
+
+
+def test_the_chart_that_matters_for_the_mode_comes_first(strategy):
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        assert panel.lead.children == (panel.charts["plane"],)
+        for kind, first in (("ps_async", "staleness"), ("ps_sync", "throughput"),
+                            ("mirrored", "plane")):
+            lab.set(kind=kind)
+            lab.step(2)
+            settle(panel, lab)
+            assert panel.lead.children == (panel.charts[first],), kind
+            shown = {*panel.lead.children, *panel.grid.children}
+            assert shown == set(panel.charts.values())  # every chart, once
+            assert len(panel.grid.children) == len(panel.charts) - 1
+        panel.close()

@@ -60,7 +60,9 @@ class StepRecord:
         used = [(loss, n) for loss, n in zip(self.losses, self.sizes, strict=True)
                 if n and np.isfinite(loss)]
         total = sum(n for _, n in used)
-        return sum(loss * n for loss, n in used) / total if total else float("nan")
+        with np.errstate(all="ignore"):  # near divergence: the runner says so in words
+            return float(sum(np.float64(loss) * n for loss, n in used) / total) if total \
+                else float("nan")
 
 
 def shard_bounds(batch_size: int, n: int) -> list[int]:

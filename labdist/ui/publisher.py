@@ -27,13 +27,15 @@ NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-serve
 
 
 class Publisher:
-    def __init__(self, lab, charts: dict[str, Any], controls, status, log, alert=None):
+    def __init__(self, lab, charts: dict[str, Any], controls, status, log, alert=None,
+                 arrange=None):
         self.lab = lab
         self.charts = charts
         self.controls = controls
         self.status = status
         self.log = log
         self.alert = alert  # an HTML widget: what stopped the run, in words (divergence)
+        self.arrange = arrange  # called with the config after a switch of kind
         self.frames = 0  # frames that sent something
         self.publish_s = 0.0  # Python time spent building and sending them
         self.items = queue.SimpleQueue()
@@ -92,25 +94,30 @@ class Publisher:
 
     # -- one frame ------------------------------------------------------------------------------
     def _publish(self, items: list[dict]) -> None:
+        """Each item drawn on its own: a drawing error (logged) never drops the items after
+        it (a divergence's message comes right after its non-finite rows)."""
         rows: list[dict] = []
         for item in items:
-            kind = item["type"]
-            if kind == "step":
+            if item["type"] == "step":
                 rows.append(item)
                 continue
-            self._rows(rows)
+            self._safe(self._rows, rows)
             rows = []
-            if kind == "event":
-                self._event(item)
-            elif kind == "ps_stats":
-                self._ps_stats(item)
-            elif kind == "reset":
-                self._reset()
-            elif kind == "diverged":
-                self._diverged(item)
-            elif kind == "error":
-                self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
-        self._rows(rows)
+            self._safe(self._item, item)
+        self._safe(self._rows, rows)
+
+    def _item(self, item: dict) -> None:
+        kind = item["type"]
+        if kind == "event":
+            self._event(item)
+        elif kind == "ps_stats":
+            self._ps_stats(item)
+        elif kind == "reset":
+            self._reset()
+        elif kind == "diverged":
+            self._diverged(item)
+        elif kind == "error":
+            self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
 
     def _rows(self, rows: list[dict]) -> None:
         if not rows:
@@ -124,8 +131,9 @@ class Publisher:
         for i, name in enumerate(self.lab.track):
             c[f"track:{name}"].append(x, [[r["tracked"][i][k] for r in rows] for k in range(n)])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
-        if self._plane_index is not None:
-            points = [r["plane"][:, self._plane_index] for r in rows]
+        if self._plane_index is not None:  # a diverged path ends at its last finite point
+            points = [p for p in (r["plane"][:, self._plane_index] for r in rows)
+                      if np.isfinite(p).all()]
             c["plane"].append(points)
             self._surface(points=points)
 
@@ -150,6 +158,8 @@ class Publisher:
             self._ps_prev = None
         self.controls.sync(self.lab.pending_config())
         self._captions(self.lab.config)
+        if "kind" in item["changes"] and self.arrange is not None:
+            self.arrange(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
 
@@ -228,14 +238,19 @@ class Publisher:
         self._surface_at = time.monotonic()
         self._surface_skew = skew
         bounds = self._box(skew)
+        if not np.isfinite(bounds).all() or max(map(abs, bounds)) > 1e100:
+            return  # a box around a blown-up path: keep the last surface
         a = np.linspace(bounds[0], bounds[1], GRID)
         b = np.linspace(bounds[2], bounds[3], GRID)
         aa, bb = np.meshgrid(a, b)
         model, (x, y) = self.lab.model, self.lab.data
         base = self.lab.spec.unflatten(self.lab.spec.flatten(model.init_params()))
         n = self.lab.num_replicas
-        z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
-                for r in range(n)) / n  # every replica's objective, averaged
+        with np.errstate(all="ignore"):  # a diverged run's box: overflow is drawn, not said
+            z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
+                    for r in range(n)) / n  # every replica's objective, averaged
+        if not np.isfinite(z).all():
+            return
         plane.set_surface(bounds, z.reshape(GRID, GRID))
 
     def _box(self, skew: float) -> tuple[float, float, float, float]:
