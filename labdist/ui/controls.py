@@ -55,7 +55,9 @@ class Controls:
         self.skew = w.FloatSlider(value=0.0, min=0.0, max=5.0, step=0.1,
                                   description="data skew", style=STYLE, layout=WIDE)
         self.delays = [w.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01,
-                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE)
+                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE,
+                                     tooltip=f"a straggler: replica / worker {r} waits this "
+                                     "long each step")
                        for r in range(n)]
         self.use_locking = w.Checkbox(value=False, description="use_locking (PS)",
                                       style=STYLE, layout=WIDE)
@@ -153,15 +155,14 @@ class Controls:
         def section(text: str) -> w.HTML:
             return w.HTML(f"<div style='margin:6px 0 0 2px;font-weight:600'>{text}</div>")
 
-        return w.VBox([  # headings above the buttons: the buttons get the full width
+        # headings above the buttons only (the buttons get the full width); the sliders say
+        # what they are: the whole column fits beside the charts at 1280 x 800
+        return w.VBox([
             w.HBox(list(self.buttons.values())),
             section("strategy"), self.kind, section("synchronization"), self.synchronization,
             section("aggregation"), self.aggregation,
             section("re-sync when copies must become one"), self.resync,
-            self.sync_period, section("parameter servers"), self.use_locking,
-            self.apply_delay,
-            section("optimizer and data"), self.learning_rate, self.skew,
-            section("stragglers"), *self.delays,
-            section("speed"), self.pace,
+            self.sync_period, self.use_locking, self.apply_delay,
+            self.learning_rate, self.skew, *self.delays, self.pace,
         ], layout=w.Layout(width="300px"))
 

@@ -90,9 +90,8 @@ class LabPanel:
             layout=w.Layout(width="290px"))
         self.window.add_class("labdist-window")
         self.window.observe(self._window_changed, names="value")
-        left = w.VBox([self.controls.widget(),
-                       w.HTML("<div style='margin:6px 0 0 2px;font-weight:600'>charts</div>"),
-                       self.window, self.dashboard], layout=w.Layout(flex="0 0 300px"))
+        left = w.VBox([self.controls.widget(), self.window, self.dashboard],
+                      layout=w.Layout(flex="0 0 300px"))
         self.widget = w.HBox([left, right], layout=w.Layout(width="100%", flex_flow="row wrap",
                                                            grid_gap="0 10px"))
         self.widget.add_class("labdist-panel")

@@ -17,6 +17,23 @@ pytestmark = [pytest.mark.browser]
 
 CELLS = ["import labdist as ld\nlab = ld.Lab()\nlab.show()", "lab.run()", "lab.close()"]
 NOTE = "() => document.querySelector('.labdist-staleness').textContent"
+# what of the controls and of the mode's lead chart is outside the notebook's visible area,
+# with the panel's top scrolled to the top of it
+OUT_OF_VIEW = """(lead) => {
+  const scroller = document.querySelector('.jp-NotebookPanel .jp-WindowedPanel-outer')
+    || document.querySelector('.jp-NotebookPanel .jp-Notebook');
+  document.querySelector('.labdist-panel').scrollIntoView({block: 'start'});
+  const box = scroller.getBoundingClientRect();
+  const out = [];
+  const sel = ['button', '.widget-slider', '.widget-checkbox', '.widget-toggle-buttons']
+    .map((s) => '.labdist-panel ' + s).join(', ');
+  for (const el of [...document.querySelectorAll(sel), document.querySelector(lead + ' canvas')]) {
+    const r = el.getBoundingClientRect();
+    if (r.width && (r.bottom > box.bottom + 0.5 || r.top < box.top - 0.5))
+      out.push([el.className, el.textContent.slice(0, 24), r.top, r.bottom, box.bottom]);
+  }
+  return out;
+}"""
 
 
 def _note(page) -> dict[str, float]:
@@ -57,6 +74,10 @@ def test_parameter_servers_run_free_race_and_diverge_at_1280x800(tmp_path):
             assert page.locator(".jp-FileBrowser").is_visible()  # the file browser is open
             nb.run(0)
             page.locator(".labdist-panel").wait_for()
+            page.wait_for_timeout(500)
+            # the controls and mirrored's lead chart (the parameter plane) in view together
+            assert page.evaluate(OUT_OF_VIEW, ".labdist-plane") == []
+            page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-truth-start.png"))
             nb.run(1)
             page.wait_for_function(
                 "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
@@ -74,6 +95,9 @@ def test_parameter_servers_run_free_race_and_diverge_at_1280x800(tmp_path):
             page.locator(".labdist-staleness .labdist-caption",
                          has_text="lost update: two updates").wait_for(timeout=10_000)
             page.wait_for_timeout(1000)
+            # PS async's lead chart, the staleness histogram, is on top, in view
+            assert page.evaluate(OUT_OF_VIEW, ".labdist-staleness") == []
+            page.screenshot(path=str(OUTPUT / "lab-truth-async-1280x800.png"))
             figures["torn_per_s"] = _rate(page, "torn", 2.0)
             figures["lost_per_s"] = _rate(page, "lost", 2.0)
 
