@@ -385,3 +385,19 @@ def test_the_chart_that_matters_for_the_mode_comes_first(strategy):
             assert shown == set(panel.charts.values())  # every chart, once
             assert len(panel.grid.children) == len(panel.charts) - 1
         panel.close()
+
+
+def test_showing_an_applied_change_leaves_a_click_on_its_way_alone(strategy):
+    """The publisher shows what a change set, only that: a click whose value reached its
+    widget but not yet `lab.set` (the comm's thread) is not written back over."""
+    with ld.Lab(strategy, kind="ps_async") as lab:
+        panel = LabPanel(lab)
+        controls = panel.controls
+        controls._quiet.on = True  # the click's value, its observer not run yet
+        controls.use_locking.value = True
+        controls._quiet.on = False
+        controls.sync(lab.pending_config(), fields={"learning_rate"})
+        assert controls.use_locking.value is True
+        controls.sync(lab.pending_config())  # everything (a panel shown anew)
+        assert controls.use_locking.value is False
+        panel.close()

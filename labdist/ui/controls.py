@@ -6,7 +6,7 @@ work the same whether widget messages arrive on the kernel's main shell or on a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import ipywidgets as w
 
@@ -127,22 +127,31 @@ class Controls:
             if self.on_error is not None:
                 self.on_error(self.error)
 
-    def sync(self, config: RunConfig) -> None:
-        """Show `config` (from the publisher's thread) without queuing it again."""
+    def sync(self, config: RunConfig, fields: Collection[str] | None = None) -> None:
+        """Show `config` (from the publisher's thread) without queuing it again; `fields`:
+        only these settings (those a change just applied). Writing the others could undo a
+        click whose value reached the widget but not yet `lab.set` (another thread)."""
+        values = {
+            "kind": (self.kind, config.kind.value),
+            "synchronization": (self.synchronization, config.synchronization.name),
+            "aggregation": (self.aggregation, config.aggregation.name),
+            "learning_rate": (self.learning_rate, config.learning_rate),
+            "skew": (self.skew, min(config.skew, self.skew.max)),
+            "use_locking": (self.use_locking, config.use_locking),
+            "sync_period": (self.sync_period, min(config.sync_period, self.sync_period.max)),
+            "resync": (self.resync, config.resync),
+            "pace": (self.pace, int(min(config.pace, self.pace.max))),
+            "apply_delay": (self.apply_delay,
+                            min(config.apply_delay * 1e3, self.apply_delay.max)),
+        }
         self._quiet.on = True
         try:
-            self.kind.value = config.kind.value
-            self.synchronization.value = config.synchronization.name
-            self.aggregation.value = config.aggregation.name
-            self.learning_rate.value = config.learning_rate
-            self.skew.value = min(config.skew, self.skew.max)
-            for slider, d in zip(self.delays, config.delays, strict=True):
-                slider.value = min(d, slider.max)
-            self.use_locking.value = config.use_locking
-            self.sync_period.value = min(config.sync_period, self.sync_period.max)
-            self.resync.value = config.resync
-            self.pace.value = int(min(config.pace, self.pace.max))
-            self.apply_delay.value = min(config.apply_delay * 1e3, self.apply_delay.max)
+            for name, (widget, value) in values.items():
+                if fields is None or name in fields:
+                    widget.value = value
+            if fields is None or "delays" in fields:
+                for slider, d in zip(self.delays, config.delays, strict=True):
+                    slider.value = min(d, slider.max)
             mirrored = not config.kind.is_ps
             self.synchronization.disabled = not mirrored
             self.sync_period.disabled = not mirrored

@@ -156,7 +156,7 @@ class Publisher:
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
             self._ps_prev = None
-        self.controls.sync(self.lab.pending_config())
+        self.controls.sync(self.lab.pending_config(), fields=item["changes"].keys())
         self._captions(self.lab.config)
         if "kind" in item["changes"] and self.arrange is not None:
             self.arrange(self.lab.config)

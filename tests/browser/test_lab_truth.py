@@ -116,6 +116,7 @@ def test_parameter_servers_run_free_race_and_diverge_at_1280x800(tmp_path):
 
             # use_locking: both rates 0
             _set_readout(page, "delay-1", "0")
+            page.locator(".labdist-log", has_text="delays → [0, 0]").wait_for(timeout=30_000)
             page.locator(".labdist-use-locking input").click()
             page.locator(".labdist-log", has_text="use_locking → True").wait_for(timeout=30_000)
             page.locator(".labdist-staleness .labdist-caption",
@@ -129,19 +130,37 @@ def test_parameter_servers_run_free_race_and_diverge_at_1280x800(tmp_path):
             assert after["torn"] == 0 and after["lost"] == 0, after
             assert figures["locked_torn_per_s"] == 0 and figures["locked_lost_per_s"] == 0
 
-            # a learning rate of 0.9 pauses the run and says why
+            # a learning rate of 0.9 pauses the run and says why (async, no locking)
             page.locator(".labdist-use-locking input").click()
+            page.locator(".labdist-log", has_text="use_locking → False").wait_for(
+                timeout=30_000)
             _set_readout(page, "learning-rate", "0.9")
             alert = page.locator(".labdist-alert", has_text="lower the learning rate and reset")
             alert.wait_for(timeout=60_000)
             text = alert.inner_text()
             assert re.search(r"Diverged at step \d+: worker \d's ", text), text
-            assert page.locator(".labdist-status", has_text="diverged at step").is_visible()
+            page.locator(".labdist-status", has_text="diverged at step").wait_for(timeout=10_000)
             assert "the run diverged at step" in page.locator(".labdist-log").inner_text()
             page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-truth-diverged.png"))
             _set_readout(page, "learning-rate", "0.05")
             page.locator(".labdist-reset").click()
             alert.wait_for(state="hidden", timeout=30_000)
+            page.locator(".labdist-run").click()
+            page.wait_for_function(
+                "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
+
+            # reloading the tab (the notebook saved, as autosave does) shows the panel again,
+            # its charts filled from the kernel's run
+            nb.cell(2).locator(".jp-InputArea-prompt").click()
+            page.keyboard.press("Control+s")
+            page.wait_for_function(
+                "() => !document.querySelector('.lm-TabBar-tab.jp-mod-dirty')", timeout=30_000)
+            nb = Notebook(page, server, "lab.ipynb")
+            page.locator(".labdist-panel").wait_for(timeout=60_000)
+            page.wait_for_function(
+                "() => { const s = document.querySelector('.labdist-spread');"
+                " return s && s.labdist && s.labdist.x.length >= 20; }", timeout=30_000)
+            page.locator(".labdist-status", has_text="running").wait_for(timeout=30_000)
             nb.run(2)
             assert nb.errors() == []
         except BaseException:
