@@ -105,3 +105,27 @@ def test_a_switch_to_sync_keeps_the_barrier(strategy):
         assert rows == [2] * 5  # one update per round, both workers' gradients
         assert took >= 5 * 0.1  # every round waited for the straggler
         assert np.isfinite(lab.history.global_loss[-1])
+
+
+def test_sync_with_a_backup_worker_counts_the_dropped_pushes():
+    """Three workers, two gradients aggregated a step: the third push of each round comes
+    late (worker 2 straggles) and is dropped, counted in the panel's note."""
+    from labdist.ui import LabPanel
+
+    ps = ld.ParameterServerStrategy(num_workers=3, mode="sync", replicas_to_aggregate=2)
+    try:
+        with ld.Lab(ps, delays=[0.0, 0.0, 0.05]) as lab:
+            panel = LabPanel(lab)
+            seen: list[dict] = []
+            lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+            lab.step(10)
+            assert lab.history.contributions == [2] * 10  # two gradients make each update
+            assert seen[-1]["dropped"] >= 5  # worker 2's late pushes, most rounds
+            deadline = time.monotonic() + 5
+            while f"dropped stale: {seen[-1]['dropped']}" not in panel.charts["staleness"].note \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert f"dropped stale: {seen[-1]['dropped']}" in panel.charts["staleness"].note
+            panel.close()
+    finally:
+        ps.close()

@@ -7,7 +7,10 @@ one flat vector (applied chunk by chunk: with the lab's own strategies, one elem
   update (one worker's), recorded when it finishes. A straggler delays only its own updates;
   the others' keep landing, so its pushes arrive stale (the staleness histogram shows it).
 - sync: a step is a round of one function per worker whose pushes meet at the parameter
-  servers' barrier and become one update (the variable's aggregation).
+  servers' barrier and become one update (the variable's aggregation). With backup workers
+  (a strategy with replicas_to_aggregate < workers) the first gradients make the update and
+  the late ones are dropped (counted: "dropped stale"); the round still ends when every
+  function of it has returned.
 
 A boundary (`drain`) waits for every function in flight and records it: nothing is lost or
 applied twice across a switch.
@@ -130,8 +133,9 @@ class ParameterServerEngine:
         for w, loss, n, flat in results:  # a worker that ran twice in a round: its last
             self._seen(w, loss, n, flat)
             sizes[w] += n
+        aggregated = self.strategy.replicas_to_aggregate or len(results)
         return StepRecord(0, self.kind, list(self._losses), sizes, self._views.copy(),
-                          contributions=len(results))
+                          contributions=min(len(results), aggregated))
 
     def _abandon(self) -> None:
         """After a function failed: forget what is in flight (the coordinator cancelled what
