@@ -183,6 +183,7 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
             _wait_caption(page, "throughput", "a straggler slows only its own")
             page.wait_for_function(
                 "() => { const s = document.querySelector('.labdist-throughput').labdist;"
+                " if (!s || !s.events.length) return false;"  # moved up: a new view, filling
                 " const ev = s.events[s.events.length - 1].x;"
                 " return s.x.filter(x => x > ev + 20).length > 0; }", timeout=30_000)
             before = page.evaluate(
@@ -199,6 +200,9 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
 
             assert page.evaluate(CONTROLS) == []
             assert page.evaluate(OVERLAPS) == []
+            # the plane's event labels sit beside the paths, never over them
+            assert page.evaluate(
+                "() => document.querySelector('.labdist-plane').labdist.labelsOnPaths") == 0
             assert "panel error" not in page.locator(".labdist-log").inner_text()
             page.locator(".labdist-panel").scroll_into_view_if_needed()
             page.screenshot(path=str(OUTPUT / "lab-newcomer-1280x800.png"))
