@@ -129,3 +129,21 @@ def test_sync_with_a_backup_worker_counts_the_dropped_pushes():
             panel.close()
     finally:
         ps.close()
+
+
+def test_a_bigger_model_keeps_a_few_chunks_and_its_pace(strategy):
+    """A 650-parameter model: four chunks, so the apply delay costs an update three holds
+    (not 650), and both workers still make many updates a second."""
+    from labdist.lab.pool import chunk_size
+
+    assert [chunk_size(n) for n in (1, 2, 650)] == [1, 1, 163]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(256, 64)), rng.integers(0, 10, 256)
+    with ld.Lab(strategy, model=ld.lab.SoftmaxRegression(64, 10), data=(x, y),
+                kind="ps_async") as lab:
+        lab.step(10)
+        t0 = time.perf_counter()
+        lab.step(100)
+        rate = 100 / (time.perf_counter() - t0)
+        print(f"650 parameters, async PS: {rate:.0f} updates/s")
+        assert rate > 20

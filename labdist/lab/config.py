@@ -79,7 +79,7 @@ class RunConfig:
         "first" (replica 0's copy).
     pace: at most this many steps per second (0: as fast as possible), so people can watch.
     apply_delay: seconds a parameter server holds each chunk of an update before writing it
-        (PS only; the lab keeps its parameters as one vector, one element per chunk). It widens
+        (PS only; the lab keeps its parameters as one vector in up to 4 chunks). It widens
         the window in which two updates interleave, so torn reads and lost updates show
         within seconds without use_locking; 0: apply as fast as it goes (races then rare).
     """

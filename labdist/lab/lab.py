@@ -70,7 +70,7 @@ class Lab:
         self._spec = spec
         self._lock = threading.Lock()
         self.panel = None
-        self._pool = StrategyPool(strategy, num_replicas)
+        self._pool = StrategyPool(strategy, num_replicas, spec.size)
         self.history = RunHistory(track, index)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)

@@ -12,7 +12,14 @@ from labdist.lab.config import Kind, StrategyKey
 from labdist.lab.engines import MirroredEngine
 from labdist.lab.models import LabModel, ParamSpec
 
-CHUNK_SIZE = 1  # elements per chunk of the PS strategies the lab makes: w and b apart
+CHUNKS = 4  # the lab's PS strategies apply the parameter vector in up to this many chunks
+
+
+def chunk_size(num_parameters: int) -> int:
+    """Elements per chunk for a model of `num_parameters`: a few chunks (w and b apart for
+    `Linear(1)`), so updates can interleave, and the apply delay costs an update a few
+    holds, however big the model."""
+    return max(1, -(-num_parameters // CHUNKS))
 
 
 def strategy_key(strategy: Any) -> StrategyKey:
@@ -39,10 +46,11 @@ def check_strategy(strategy: Any) -> None:
 
 
 class StrategyPool:
-    def __init__(self, strategy: Any, num_replicas: int | None):
+    def __init__(self, strategy: Any, num_replicas: int | None, num_parameters: int = 1):
         from labdist.strategies import MirroredStrategy
 
         self._owned: list[Any] = []
+        self._chunk_size = chunk_size(num_parameters)
         if strategy is None:
             strategy = MirroredStrategy(num_replicas=num_replicas or 2)
             self._owned.append(strategy)
@@ -81,7 +89,8 @@ class StrategyPool:
 
             made = ParameterServerStrategy(cluster=client, num_workers=self.num_replicas,
                                            num_ps=1, mode=key.kind.ps_mode,
-                                           use_locking=key.use_locking, chunk_size=CHUNK_SIZE)
+                                           use_locking=key.use_locking,
+                                           chunk_size=self._chunk_size)
         self._owned.append(made)
         return made
 

@@ -1,5 +1,6 @@
 """The lab's parameter-server engine. The model's parameters live on the parameter server as
-one flat vector (applied chunk by chunk: with the lab's own strategies, one element a chunk).
+one flat vector, applied chunk by chunk (the lab's own strategies: up to 4 chunks, `w` and `b`
+apart for `Linear(1)`).
 
 - async: each worker loops on its own: pull, compute on its shard of a global batch, push. The
   engine keeps one function per worker in flight, plus `AHEAD` queued for whichever worker
