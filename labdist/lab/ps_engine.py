@@ -105,7 +105,7 @@ class ParameterServerEngine:
                       for _ in range(self.num_replicas)]
             return [self._round(self._fetch(values))]
         self._in_flight.append(self.coordinator.schedule(steps.ps_step, args=args))
-        while len(self._in_flight) > self.num_replicas + AHEAD \
+        while len(self._in_flight) >= self.num_replicas + AHEAD \
                 and not any(v.done() for v in self._in_flight):
             time.sleep(POLL_S)
         done = [v for v in self._in_flight if v.done()]
