@@ -15,8 +15,12 @@ export function niceStep(span, count) {
 export function ticks(lo, hi, count) {
   if (!(hi > lo)) return [lo];
   const step = niceStep(hi - lo, count);
+  const first = Math.ceil(lo / step);
+  // a span at the values' precision (a diverging run: 1e20 give or take an ulp): k + 1
+  // would equal k, so no loop; the ends are all there is to say
+  if (!Number.isFinite(first) || !(step > 0) || Math.abs(first) > 2 ** 50) return [lo, hi];
   const out = [];
-  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
+  for (let k = first; k * step <= hi + step * 1e-9 && out.length <= 1000; k++) {
     out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
   }
   return out;

@@ -96,6 +96,7 @@ function occupancy(paths, px, py, width, height, cell = 4) {
   const mark = (x, y) => {
     const c = Math.floor(x / cell);
     const r = Math.floor(y / cell);
+    if (!(c >= -1 && r >= -1 && c <= cols && r <= rows)) return; // off the canvas (or NaN)
     for (let i = r - 1; i <= r + 1; i++) {
       for (let j = c - 1; j <= c + 1; j++) {
         if (j >= 0 && i >= 0 && j < cols && i < rows) grid[i * cols + j] = 1;
