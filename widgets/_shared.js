@@ -15,11 +15,28 @@ export function niceStep(span, count) {
 export function ticks(lo, hi, count) {
   if (!(hi > lo)) return [lo];
   const step = niceStep(hi - lo, count);
+  const first = Math.ceil(lo / step);
+  // a span at the values' precision (a diverging run: 1e20 give or take an ulp): k + 1
+  // would equal k, so no loop; the ends are all there is to say
+  if (!Number.isFinite(first) || !(step > 0) || Math.abs(first) > 2 ** 50) return [lo, hi];
   const out = [];
-  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) {
+  for (let k = first; k * step <= hi + step * 1e-9 && out.length <= 1000; k++) {
     out.push(Math.abs(k) < 1e-9 ? 0 : k * step); // k * step: no drift, and a clean 0
   }
   return out;
+}
+
+// a tick's label, as precise as the ticks' spacing needs: neighbours always read apart
+// (13,050 and 13,100 after 13,000 steps, never 1.3e+4 twice)
+export function tickFmt(v, step) {
+  const a = Math.abs(v);
+  if (a < 1e-12 * Math.max(step, 1e-300)) return "0";
+  const d = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  if (a < 1e6 && d <= 4) {
+    return v.toLocaleString("en-US", { minimumFractionDigits: d, maximumFractionDigits: d });
+  }
+  const digits = Math.max(1, Math.floor(Math.log10(a)) - Math.floor(Math.log10(step) + 1e-9));
+  return v.toExponential(Math.min(digits, 10));
 }
 
 export function fmt(v) {

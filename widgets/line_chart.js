@@ -1,7 +1,7 @@
 // labdist LineChart: series over training steps on a canvas, with event markers.
 // The kernel sends only deltas ("append", "event", "reset"); a view that (re)connects says
 // "hello" and gets one "snapshot". Redraws happen on animation frames, at most one per frame.
-import { axisTitles, fitCanvas, fmt, legend, mountChart, placeLabels, ticks } from "./_shared.js";
+import { axisTitles, fitCanvas, fmt, legend, mountChart, placeLabels, tickFmt, ticks } from "./_shared.js";
 
 const MAX_POINTS = 4000; // per series, kept by halving the resolution of older points
 
@@ -94,8 +94,9 @@ function draw(el, canvas, model, s) {
   const dataLo = vals.length ? vals[0] : null;
   const dataHi = vals.length ? vals[vals.length - 1] : null;
   if (y1 - y0 < 1e-12) { const c = y0; y0 = c - (Math.abs(c) * 0.1 || 0.5); y1 = c + (Math.abs(c) * 0.1 || 0.5); }
+  if (model.get("zero_y")) { y0 = Math.min(y0, 0); y1 = Math.max(y1, 0); } // e.g. throughput
   const m = (y1 - y0) * 0.06;
-  y0 -= m; y1 += m;
+  y0 = model.get("zero_y") && y0 === 0 ? 0 : y0 - m; y1 += m;
   const px = (x) => pad.l + ((x - x0) / (x1 - x0)) * w;
   const py = (v) => pad.t + h - ((ty(v) - y0) / (y1 - y0)) * h;
   // what is drawn, in data units (log10 for a log axis): the tests compare it with the data
@@ -109,17 +110,23 @@ function draw(el, canvas, model, s) {
   ctx.textBaseline = "middle";
   const yTicks = logY ? logTicks(y0, y1, Math.max(2, Math.floor(h / 40)))
     : ticks(y0, y1, Math.max(2, Math.floor(h / 40)));
+  const yStep = yTicks.length > 1 ? yTicks[1] - yTicks[0] : Math.abs(y1 - y0) || 1;
   for (const v of yTicks) {
     const y = pad.t + h - ((v - y0) / (y1 - y0)) * h;
     ctx.beginPath(); ctx.moveTo(pad.l, y); ctx.lineTo(pad.l + w, y); ctx.stroke();
-    ctx.fillText(logY ? fmt(Math.pow(10, v)) : fmt(v), pad.l - 6, y);
+    ctx.fillText(logY ? fmt(Math.pow(10, v)) : tickFmt(v, yStep), pad.l - 6, y);
   }
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  for (const v of ticks(x0, x1, Math.max(2, Math.floor(w / 80)))) {
+  const xTicks = ticks(x0, x1, Math.max(2, Math.floor(w / 80)));
+  const xStep = xTicks.length > 1 ? xTicks[1] - xTicks[0] : 1;
+  s.xTickLabels = [];
+  for (const v of xTicks) {
     const x = px(v);
     ctx.beginPath(); ctx.moveTo(x, pad.t); ctx.lineTo(x, pad.t + h); ctx.stroke();
-    ctx.fillText(fmt(v), x, pad.t + h + 4);
+    const label = tickFmt(v, xStep);
+    s.xTickLabels.push(label);
+    ctx.fillText(label, x, pad.t + h + 4);
   }
   ctx.strokeStyle = "#888";
   ctx.strokeRect(pad.l, pad.t, w, h);

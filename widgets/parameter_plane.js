@@ -86,6 +86,59 @@ function apply(s, msg) {
   }
 }
 
+// Where the paths run, on a grid of `cell` px (each segment sampled every half cell, each
+// sample marking its cell and the eight around it, so no crossing slips between samples): a
+// label is placed only where it covers none of them.
+function occupancy(paths, px, py, width, height, cell = 4) {
+  const cols = Math.ceil(width / cell) + 1;
+  const rows = Math.ceil(height / cell) + 1;
+  const grid = new Uint8Array(cols * rows);
+  const mark = (x, y) => {
+    const c = Math.floor(x / cell);
+    const r = Math.floor(y / cell);
+    if (!(c >= -1 && r >= -1 && c <= cols && r <= rows)) return; // off the canvas (or NaN)
+    for (let i = r - 1; i <= r + 1; i++) {
+      for (let j = c - 1; j <= c + 1; j++) {
+        if (j >= 0 && i >= 0 && j < cols && i < rows) grid[i * cols + j] = 1;
+      }
+    }
+  };
+  for (const path of paths) {
+    let prev = null;
+    for (const p of path) {
+      const X = px(p[0]);
+      const Y = py(p[1]);
+      if (prev) {
+        const n = Math.min(Math.ceil((2 * Math.hypot(X - prev[0], Y - prev[1])) / cell), 400);
+        for (let i = 1; i <= n; i++) mark(prev[0] + ((X - prev[0]) * i) / n, prev[1] + ((Y - prev[1]) * i) / n);
+      } else mark(X, Y);
+      prev = [X, Y];
+    }
+  }
+  return (b) => {
+    for (let r = Math.floor(b.y / cell); r <= Math.floor((b.y + b.h) / cell); r++) {
+      for (let c = Math.floor(b.x / cell); c <= Math.floor((b.x + b.w) / cell); c++) {
+        if (r >= 0 && c >= 0 && r < rows && c < cols && grid[r * cols + c]) return false;
+      }
+    }
+    return true;
+  };
+}
+
+// whether segment (x0, y0)-(x1, y1) crosses box b (exact: what the tests check against)
+function crosses(b, x0, y0, x1, y1) {
+  let t0 = 0;
+  let t1 = 1;
+  const dx = x1 - x0;
+  const dy = y1 - y0;
+  for (const [p, q] of [[-dx, x0 - b.x], [dx, b.x + b.w - x0], [-dy, y0 - b.y], [dy, b.y + b.h - y0]]) {
+    if (p === 0) { if (q < 0) return false; continue; }
+    const t = q / p;
+    if (p < 0) { if (t > t1) return false; if (t > t0) t0 = t; } else { if (t < t0) return false; if (t < t1) t1 = t; }
+  }
+  return true;
+}
+
 function draw(el, canvas, model, s) {
   const area = fitCanvas(canvas, model.get("height"), { l: 58, r: 12, t: 12, b: 34 });
   const { ctx, pad, w, h } = area;
@@ -137,32 +190,43 @@ function draw(el, canvas, model, s) {
       ctx.beginPath(); ctx.arc(px(p[0]), py(p[1]), 6, 0, 2 * Math.PI); ctx.stroke();
     });
   });
-  // labels, latest first, each only where it overlaps none drawn (full text on hover)
+  // labels, latest first, each near its circle where it covers neither another label nor a
+  // path (else not drawn: the circle stays, its full text on hover)
   s.labels = [];
   s.eventMarks = [];
   ctx.textAlign = "left"; // the context keeps the last frame's alignment otherwise
   ctx.textBaseline = "top";
+  const offPaths = occupancy(s.paths, px, py, pad.l + w + pad.r, pad.t + h + pad.b);
   for (let k = s.events.length - 1; k >= 0; k--) {
     const e = s.events[k];
     const p0 = s.paths[0] && s.paths[0][Math.min(e.index, s.paths[0].length - 1)];
     if (!p0) continue;
-    s.eventMarks.push({ px: px(p0[0]), label: e.label, title: e.label });
+    const X = px(p0[0]);
+    const Y = py(p0[1]);
+    s.eventMarks.push({ px: X, label: e.label, title: e.label });
+    let placed = null;
     for (const text of [e.label, abbreviate(e.label)]) {
       const bw = Math.ceil(ctx.measureText(text).width) + 4;
-      const b = { x: Math.max(pad.l, Math.min(px(p0[0]) + 8, pad.l + w - bw)), y: py(p0[1]) - 20,
-        w: bw, h: 12, text, label: e.label };
-      const free = s.labels.every((o) => b.x + b.w <= o.x || o.x + o.w <= b.x
-        || b.y + b.h <= o.y || o.y + o.h <= b.y);
-      if (free) {
-        s.labels.push(b);
-        ctx.fillStyle = "rgba(255,255,255,0.8)";
-        ctx.fillRect(b.x, b.y, b.w, b.h);
-        ctx.fillStyle = "#6b2fa3";
-        ctx.fillText(text, b.x + 2, b.y + 1);
-        break;
+      for (const [dx, dy] of [[8, -20], [8, 8], [-8 - bw, -20], [-8 - bw, 8], [8, -36], [8, 24],
+        [-8 - bw, -36], [-8 - bw, 24], [-bw / 2, -52], [-bw / 2, 40]]) {
+        const b = { x: Math.max(pad.l, Math.min(X + dx, pad.l + w - bw)),
+          y: Math.max(pad.t, Math.min(Y + dy, pad.t + h - 12)), w: bw, h: 12, text, label: e.label };
+        const free = s.labels.every((o) => b.x + b.w <= o.x || o.x + o.w <= b.x
+          || b.y + b.h <= o.y || o.y + o.h <= b.y);
+        if (free && offPaths(b)) { placed = b; break; }
       }
+      if (placed) break;
     }
+    if (!placed) continue;
+    s.labels.push(placed);
+    ctx.fillStyle = "rgba(255,255,255,0.8)";
+    ctx.fillRect(placed.x, placed.y, placed.w, placed.h);
+    ctx.fillStyle = "#6b2fa3";
+    ctx.fillText(placed.text, placed.x + 2, placed.y + 1);
   }
+  // what the labels cover of the paths, checked exactly (0 by construction)
+  s.labelsOnPaths = s.labels.filter((b) => s.paths.some((path) => path.some((p, i) => i > 0
+    && crosses(b, px(path[i - 1][0]), py(path[i - 1][1]), px(p[0]), py(p[1]))))).length;
   el.dataset.labels = JSON.stringify(s.labels.map((b) => [b.x, b.y, b.w, b.h]));
   ctx.restore();
 

@@ -14,12 +14,17 @@ HOOK = "labdist.cli.notebook_outputs.strip_outputs"
 
 
 def strip_outputs(model: dict[str, Any], **_: Any) -> None:
-    """A Jupyter `pre_save_hook`: drop outputs, execution counts, per-cell timing and saved
-    widget state from a notebook model, in place (other files pass through)."""
+    """A Jupyter `pre_save_hook`: drop outputs, execution counts, per-cell timing, saved
+    widget state and the kernel's version details (`language_info` keeps its name, as
+    committed) from a notebook model, in place (other files pass through)."""
     if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
         return
     notebook = model["content"]
-    notebook.get("metadata", {}).pop("widgets", None)
+    metadata = notebook.get("metadata", {})
+    metadata.pop("widgets", None)
+    info = metadata.get("language_info")
+    if isinstance(info, dict) and "name" in info:
+        metadata["language_info"] = {"name": info["name"]}
     for cell in notebook.get("cells", []):
         cell.get("metadata", {}).pop("execution", None)
         if cell.get("cell_type") == "code":

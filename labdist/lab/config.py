@@ -11,11 +11,49 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from labdist.enums import VariableAggregation, VariableSynchronization
 
-KINDS = ("mirrored", "ps_async", "ps_sync")
+
+class Kind(StrEnum):
+    """Which strategy a lab run steps through: the one value every part of the lab passes
+    (a str, so `config.kind == "ps_async"` reads naturally)."""
+
+    MIRRORED = "mirrored"
+    PS_ASYNC = "ps_async"
+    PS_SYNC = "ps_sync"
+
+    @property
+    def is_ps(self) -> bool:
+        return self is not Kind.MIRRORED
+
+    @property
+    def ps_mode(self) -> str:
+        """The ParameterServerStrategy mode ("async" / "sync") of a PS kind."""
+        if not self.is_ps:
+            raise ValueError(f"{self.value!r} is not a parameter-server kind")
+        return self.value.removeprefix("ps_")
+
+    @property
+    def label(self) -> str:
+        return {"mirrored": "mirrored", "ps_async": "PS async", "ps_sync": "PS sync"}[self.value]
+
+    @classmethod
+    def of_ps_mode(cls, mode: str) -> Kind:
+        return cls("ps_" + mode)
+
+
+class StrategyKey(NamedTuple):
+    """What fixes a strategy when it is made: its kind, and use_locking for a PS (a change of
+    either is a switch to another strategy)."""
+
+    kind: Kind
+    use_locking: bool = False
+
+
+KINDS = tuple(k.value for k in Kind)
 RESYNC = ("average", "first")
 SYNCHRONIZATIONS = ("ON_WRITE", "ON_READ", "NONE")
 AGGREGATIONS = ("SUM", "MEAN", "ONLY_FIRST_REPLICA", "NONE")
@@ -40,9 +78,13 @@ class RunConfig:
     resync: how copies that differ become one value when a switch needs one: "average" or
         "first" (replica 0's copy).
     pace: at most this many steps per second (0: as fast as possible), so people can watch.
+    apply_delay: seconds a parameter server holds each chunk of an update before writing it
+        (PS only; the lab keeps its parameters as one vector in up to 4 chunks). It widens
+        the window in which two updates interleave, so torn reads and lost updates show
+        within seconds without use_locking; 0: apply as fast as it goes (races then rare).
     """
 
-    kind: str = "mirrored"
+    kind: Kind = Kind.MIRRORED
     synchronization: VariableSynchronization = Sync.ON_WRITE
     aggregation: VariableAggregation = Agg.MEAN
     learning_rate: float = 0.05
@@ -52,23 +94,27 @@ class RunConfig:
     sync_period: int = 1
     resync: str = "average"
     pace: float = 0.0
+    apply_delay: float = 0.002
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _kind(self.kind))  # "ps_async" given as text
 
     @property
-    def strategy_key(self) -> tuple:
+    def strategy_key(self) -> StrategyKey:
         """Which strategy runs this configuration (a change of it is a strategy switch)."""
-        if self.kind == "mirrored":
-            return ("mirrored",)
-        return (self.kind, self.use_locking)
+        if not self.kind.is_ps:
+            return StrategyKey(Kind.MIRRORED)
+        return StrategyKey(self.kind, self.use_locking)
 
     def describe(self) -> str:
-        if self.kind == "mirrored":
+        if not self.kind.is_ps:
             mode = f"mirrored {self.synchronization.name}"
             if self.synchronization is Sync.ON_READ:
                 mode += f" (average every {self.sync_period})" if self.sync_period else ""
             return f"{mode}, {self.aggregation.name}"
         lock = ", use_locking" if self.use_locking else ""
-        agg = f", {self.aggregation.name}" if self.kind == "ps_sync" else ""  # async: unused
-        return f"{self.kind.replace('_', ' ')}{lock}{agg}"
+        agg = f", {self.aggregation.name}" if self.kind is Kind.PS_SYNC else ""  # async: unused
+        return f"{self.kind.label}{lock}{agg}"
 
     def changes_from(self, other: RunConfig) -> dict[str, tuple[Any, Any]]:
         """{field: (old, new)} for every field that differs from `other`."""
@@ -114,11 +160,11 @@ def validate(config: RunConfig, num_replicas: int) -> RunConfig:
     return config
 
 
-def _kind(value: Any) -> str:
+def _kind(value: Any) -> Kind:
     text = value.strip().lower().replace("-", "_") if isinstance(value, str) else None
     if text not in KINDS:
         raise ValueError(f"kind={value!r} is not allowed; allowed: {', '.join(KINDS)}")
-    return text
+    return Kind(text)
 
 
 def _synchronization(value: Any) -> VariableSynchronization:
@@ -194,4 +240,5 @@ _PARSERS = {
     "sync_period": _sync_period,
     "resync": _resync,
     "pace": lambda v: _number("pace", v, 0.0, False, 1e4),
+    "apply_delay": lambda v: _number("apply_delay", v, 0.0, False, 0.1),
 }

@@ -4,21 +4,22 @@ events (mode switches) and throughput. `lab.history` is one of these."""
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from labdist.lab.backends import StepRecord
+from labdist.lab.engines import StepRecord
 
 MIN_SPAN_S = 0.25  # the shortest interval a throughput is measured over
 
 
 def spread(values: np.ndarray) -> float:
     """Max distance of a copy to the copies' mean (0 when every replica agrees)."""
-    centred = values - values.mean(axis=0, keepdims=True)
-    return float(np.sqrt((centred * centred).sum(axis=1)).max())
+    with np.errstate(all="ignore"):  # a diverged run: inf / nan, said by the runner
+        centred = values - values.mean(axis=0, keepdims=True)
+        return float(np.sqrt((centred * centred).sum(axis=1)).max())
 
 
 @dataclass
@@ -47,8 +48,9 @@ class Event:
 @dataclass
 class RunHistory:
     """Per-step columns (`step`, `kind`, `loss` (steps x replicas), `global_loss`, `spread`,
-    `tracked[name]` (steps x replicas), `contributions`, `time`) and the `events`.
-    A switch adds a row (contributions 0) with the copies right after the switch."""
+    `tracked[name]` (steps x replicas), `contributions`, `worker` (async PS: whose update the
+    step was, else None), `time`) and the `events`. A switch adds a row (contributions 0)
+    with the copies right after the switch. `diverged_at`: the step a run diverged at."""
 
     track: list[str]
     track_index: list[int]
@@ -59,19 +61,23 @@ class RunHistory:
     spread: list[float] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)  # (replicas, tracked)
     contributions: list[int] = field(default_factory=list)
+    worker: list[int | None] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     last_values: np.ndarray | None = None  # every parameter of every copy, latest row
+    diverged_at: int | None = None
+    updates_per_worker: Counter = field(default_factory=Counter)  # async PS updates, by worker
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _recent: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
+    _by_worker: deque = field(default_factory=lambda: deque(maxlen=4096), repr=False)
 
     def add(self, record: StepRecord) -> dict:
         """Append a record; returns the row as the charts take it."""
         row = {"step": record.step, "kind": record.kind, "loss": record.losses,
                "global_loss": record.global_loss, "spread": spread(record.values),
                "tracked": record.values[:, self.track_index].T.tolist(),
-               "contributions": record.contributions, "time": record.time,
-               "plane": record.values}
+               "contributions": record.contributions, "worker": record.worker,
+               "time": record.time, "plane": record.values}
         with self._lock:
             self.step.append(record.step)
             self.kind.append(record.kind)
@@ -80,7 +86,11 @@ class RunHistory:
             self.spread.append(row["spread"])
             self.values.append(record.values[:, self.track_index].copy())
             self.contributions.append(record.contributions)
+            self.worker.append(record.worker)
             self.time.append(record.time)
+            if record.worker is not None:
+                self.updates_per_worker[record.worker] += 1
+                self._by_worker.append((record.worker, record.time))
             self.last_values = record.values.copy()
             if record.contributions:
                 self._recent.append(record.time)
@@ -97,6 +107,18 @@ class RunHistory:
             return 0.0
         return (len(times) - 1) / max(times[-1] - times[0], MIN_SPAN_S)
 
+    def worker_rates(self, span: float = 2.0) -> dict[int, float]:
+        """Async PS: each worker's updates per second over the last `span` seconds of
+        updates (a straggler's rate falls alone)."""
+        with self._lock:
+            if not self._by_worker:
+                return {}
+            end = self._by_worker[-1][1]
+            recent = [(w, t) for w, t in self._by_worker if t >= end - span]
+        first = min(t for _, t in recent)
+        counts = Counter(w for w, _ in recent)
+        return {w: n / max(end - first, MIN_SPAN_S) for w, n in sorted(counts.items())}
+
     def tracked(self, name: str) -> np.ndarray:
         """(steps, replicas) values of a tracked element."""
         i = self.track.index(name)
@@ -106,10 +128,13 @@ class RunHistory:
     def clear(self) -> None:
         with self._lock:
             for name in ("step", "kind", "loss", "global_loss", "spread", "values",
-                         "contributions", "time", "events"):
+                         "contributions", "worker", "time", "events"):
                 getattr(self, name).clear()
             self._recent.clear()
+            self._by_worker.clear()
+            self.updates_per_worker.clear()
             self.last_values = None
+            self.diverged_at = None
 
     def __len__(self) -> int:
         return len(self.step)

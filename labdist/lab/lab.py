@@ -16,6 +16,7 @@ import numpy as np
 
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
+from labdist.lab.divergence import DivergenceError
 from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
@@ -61,15 +62,15 @@ class Lab:
         if global_batch_size < n:
             raise ValueError(f"global_batch_size={global_batch_size} is smaller than the "
                              f"{n} replicas: every replica needs samples")
-        start = RunConfig(kind=strategy_key(strategy)[0] if strategy is not None else "mirrored",
-                          use_locking=getattr(strategy, "use_locking", False))
+        key = strategy_key(strategy) if strategy is not None else None
+        start = RunConfig(kind=key.kind, use_locking=key.use_locking) if key else RunConfig()
         first = start.replace(settings, n)  # every check done before a cluster starts
         self.model, self.data, self.track = model, (x, y), track
         self.global_batch_size = global_batch_size
         self._spec = spec
         self._lock = threading.Lock()
         self.panel = None
-        self._pool = StrategyPool(strategy, num_replicas)
+        self._pool = StrategyPool(strategy, num_replicas, spec.size)
         self.history = RunHistory(track, index)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
@@ -92,13 +93,20 @@ class Lab:
 
     @property
     def state(self) -> str:
-        """"idle", "running", "failed" or "closed"."""
+        """"idle", "running", "failed", "diverged" (paused at a non-finite step until
+        `reset()`) or "closed"."""
         return self._runner.state
 
     @property
     def error(self) -> BaseException | None:
-        """What stopped the run, if it failed (cleared by the next run)."""
+        """What stopped the run, if it failed (cleared by the next run) or diverged (cleared
+        by `reset()`)."""
         return self._runner.error
+
+    @property
+    def divergence(self) -> DivergenceError | None:
+        """Where the run diverged (a loss or parameter became inf or NaN), until `reset()`."""
+        return self._runner.divergence
 
     @property
     def num_replicas(self) -> int:
@@ -142,12 +150,13 @@ class Lab:
         with self._lock:
             pending = self.pending_config()
             new = pending.replace(changes, self.num_replicas)
-            diff = {k: b for k, (_, b) in new.changes_from(pending).items()}
-            if diff:
-                self._runner.enqueue(diff, requested)
+            if new != pending:
+                self._runner.enqueue(new, requested)
 
     def run(self, steps: int | None = None) -> None:
-        """Train `steps` more steps in the background (None: until `pause()`); returns now."""
+        """Train `steps` more steps in the background (None: until `pause()`); returns now.
+        A run that diverged raises DivergenceError here until `reset()` (its values are not
+        finite: training on would only carry NaN along)."""
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
                                   or steps < 0):
             raise ValueError(f"steps={steps!r} must be None or an integer >= 0")
@@ -179,7 +188,9 @@ class Lab:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the steps asked for are done and queued changes applied; raise what
-        stopped the run, if something did. TimeoutError after `timeout` seconds."""
+        stopped the run, if something did (DivergenceError when it diverged: the run pauses
+        at the first step whose loss or parameters are inf or NaN). TimeoutError after
+        `timeout` seconds."""
         if timeout is None and self._runner.open_ended:
             raise RuntimeError("this run has no end (run() without steps): pause() it, or "
                                "wait(timeout=...)")
@@ -197,8 +208,9 @@ class Lab:
         An item is a dict with a "type": "step" (a history row: step, kind, loss, global_loss,
         spread, tracked, contributions, time, plane), "event" (a change applied: step, text,
         changes, requested, applied, requested_step), "ps_stats" (the parameter servers'
-        counters), "reset" or "error". The callback runs on the lab's training thread: it
-        should only hand the item on (e.g. put it in a queue), never block or raise.
+        counters), "diverged" (step, where, text), "reset" or "error". The callback runs on
+        the lab's training thread: it should only hand the item on (e.g. put it in a queue),
+        never block or raise.
         """
         if not callable(callback):
             raise TypeError(f"callback={callback!r} is not callable; give a function taking "
@@ -214,7 +226,7 @@ class Lab:
         """Each replica's parameters now (a parameter-server run: one entry, the PS value),
         read at the next step boundary."""
         self._check_open()
-        copies = self._runner.call(lambda: self._runner.backend.read_copies()).result()
+        copies = self._runner.call(lambda: self._runner.engine.read_copies()).result()
         return [self._spec.unflatten(c) for c in copies]
 
     def show(self) -> None:
@@ -256,7 +268,7 @@ def _replicas(strategy: Any, num_replicas: int | None) -> int:
     if strategy is None:
         return num_replicas or 2
     check_strategy(strategy)
-    if strategy_key(strategy)[0] != "mirrored":
+    if strategy_key(strategy).kind.is_ps:
         return strategy.num_workers
     return strategy.num_replicas_in_sync
 

@@ -8,25 +8,35 @@ from __future__ import annotations
 from typing import Any
 
 from labdist.cluster.dashboard import proxied_link
-from labdist.lab.backends import MirroredBackend
+from labdist.lab.config import Kind, StrategyKey
+from labdist.lab.engines import MirroredEngine
 from labdist.lab.models import LabModel, ParamSpec
 
+CHUNKS = 4  # the lab's PS strategies apply the parameter vector in up to this many chunks
 
-def strategy_key(strategy: Any) -> tuple:
-    """The RunConfig.strategy_key a strategy serves: ("ps_async" | "ps_sync", use_locking) for a
-    parameter-server strategy, ("mirrored",) for anything else (check_strategy says whether
-    the lab takes it)."""
+
+def chunk_size(num_parameters: int) -> int:
+    """Elements per chunk for a model of `num_parameters`: a few chunks (w and b apart for
+    `Linear(1)`), so updates can interleave, and the apply delay costs an update a few
+    holds, however big the model."""
+    return max(1, -(-num_parameters // CHUNKS))
+
+
+def strategy_key(strategy: Any) -> StrategyKey:
+    """The RunConfig.strategy_key a strategy serves: (PS_ASYNC | PS_SYNC, use_locking) for a
+    parameter-server strategy, (MIRRORED, False) for anything else (check_strategy says
+    whether the lab takes it)."""
     from labdist.parameter_server import ParameterServerStrategy
 
     if isinstance(strategy, ParameterServerStrategy):
-        return ("ps_" + strategy.mode, strategy.use_locking)
-    return ("mirrored",)
+        return StrategyKey(Kind.of_ps_mode(strategy.mode), strategy.use_locking)
+    return StrategyKey(Kind.MIRRORED)
 
 
 def check_strategy(strategy: Any) -> None:
     from labdist.strategies import MirroredStrategy
 
-    if strategy_key(strategy)[0] != "mirrored":
+    if strategy_key(strategy).kind.is_ps:
         if strategy.num_ps < 1:
             raise ValueError(f"strategy={strategy!r} has no parameter server")
         return
@@ -36,23 +46,24 @@ def check_strategy(strategy: Any) -> None:
 
 
 class StrategyPool:
-    def __init__(self, strategy: Any, num_replicas: int | None):
+    def __init__(self, strategy: Any, num_replicas: int | None, num_parameters: int = 1):
         from labdist.strategies import MirroredStrategy
 
         self._owned: list[Any] = []
+        self._chunk_size = chunk_size(num_parameters)
         if strategy is None:
             strategy = MirroredStrategy(num_replicas=num_replicas or 2)
             self._owned.append(strategy)
         else:
             check_strategy(strategy)
         self.first = strategy
-        self.num_replicas = (strategy.num_workers if strategy_key(strategy)[0] != "mirrored"
+        self.num_replicas = (strategy.num_workers if strategy_key(strategy).kind.is_ps
                              else strategy.num_replicas_in_sync)
         if num_replicas is not None and num_replicas != self.num_replicas:
             raise ValueError(f"num_replicas={num_replicas!r} but strategy={strategy!r} has "
                              f"{self.num_replicas}; leave num_replicas out")
-        self._strategies: dict[tuple, Any] = {strategy_key(strategy): strategy}
-        self._backends: dict[tuple, Any] = {}
+        self._strategies: dict[StrategyKey, Any] = {strategy_key(strategy): strategy}
+        self._engines: dict[StrategyKey, Any] = {}
 
     @property
     def dashboard_link(self) -> str | None:
@@ -62,14 +73,14 @@ class StrategyPool:
             link = proxied_link(getattr(client, "dashboard_link", None))
         return link
 
-    def strategy(self, key: tuple) -> Any:
+    def strategy(self, key: StrategyKey) -> Any:
         if key not in self._strategies:
             self._strategies[key] = self._make(key)
         return self._strategies[key]
 
-    def _make(self, key: tuple) -> Any:
+    def _make(self, key: StrategyKey) -> Any:
         client = self.first.client
-        if key[0] == "mirrored":
+        if not key.kind.is_ps:
             from labdist.strategies import MirroredStrategy
 
             made = MirroredStrategy(num_replicas=self.num_replicas, cluster=client)
@@ -77,24 +88,26 @@ class StrategyPool:
             from labdist.parameter_server import ParameterServerStrategy
 
             made = ParameterServerStrategy(cluster=client, num_workers=self.num_replicas,
-                                           num_ps=1, mode=key[0][3:], use_locking=key[1])
+                                           num_ps=1, mode=key.kind.ps_mode,
+                                           use_locking=key.use_locking,
+                                           chunk_size=self._chunk_size)
         self._owned.append(made)
         return made
 
-    def backend(self, key: tuple, model: LabModel, spec: ParamSpec):
-        if key not in self._backends:
+    def engine(self, key: StrategyKey, model: LabModel, spec: ParamSpec):
+        if key not in self._engines:
             strategy = self.strategy(key)
-            if key[0] == "mirrored":
-                self._backends[key] = MirroredBackend(strategy, model, spec)
+            if not key.kind.is_ps:
+                self._engines[key] = MirroredEngine(strategy, model, spec)
             else:
-                from labdist.lab.ps_backend import ParameterServerBackend
+                from labdist.lab.ps_engine import ParameterServerEngine
 
-                self._backends[key] = ParameterServerBackend(strategy, model, spec)
-        return self._backends[key]
+                self._engines[key] = ParameterServerEngine(strategy, model, spec)
+        return self._engines[key]
 
     def close(self) -> None:
-        for backend in self._backends.values():
-            backend.close()
+        for engine in self._engines.values():
+            engine.close()
         for s in reversed(self._owned):  # the first one made owns the cluster: last
             s.close()
         self._owned.clear()

@@ -1,9 +1,11 @@
 """The lab's background loop: one thread owns the run, so the kernel stays free.
 
-Everything reaches it through a queue under one lock (changes, run / pause / reset, calls
-that must happen at a boundary); nothing else touches the strategies while it runs. Queued
-changes take effect together at the next step boundary, on every replica at once, and are
-recorded as an event. Switching moves the state explicitly (`Switcher` below):
+Everything reaches it through a queue under one lock (validated configurations, run / pause /
+reset, calls that must happen at a boundary); nothing else touches the strategies while it
+runs. The newest queued configuration takes effect at the next step boundary, on every replica
+at once, and is recorded as an event. Steps run through an *engine* (engines.py: mirrored,
+ps_engine.py: parameter servers). A step whose loss or parameters are not finite pauses the
+run (state "diverged", divergence.py) until a reset. Switching moves the state explicitly:
 
 - into mirrored ON_WRITE with aggregation other than NONE: the copies are made equal
   (`resync`: their average, or replica 0's copy), so the spread is 0 from the switch on;
@@ -14,7 +16,6 @@ recorded as an event. Switching moves the state explicitly (`Switcher` below):
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -24,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from labdist.enums import VariableAggregation, VariableSynchronization
-from labdist.lab.backends import StepRecord
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
+from labdist.lab.divergence import DivergenceError, find
+from labdist.lab.engines import StepRecord
 from labdist.lab.history import Event, RunHistory
 
 Sync = VariableSynchronization
@@ -39,8 +41,8 @@ def unify(copies: list[np.ndarray], policy: str) -> np.ndarray:
 
 
 def needs_equal_copies(config: RunConfig) -> bool:
-    return (config.kind != "mirrored" or (config.synchronization is Sync.ON_WRITE
-                                          and config.aggregation is not Agg.NONE))
+    return (config.kind.is_ps or (config.synchronization is Sync.ON_WRITE
+                                   and config.aggregation is not Agg.NONE))
 
 
 class Runner:
@@ -56,26 +58,30 @@ class Runner:
         self.completed = 0  # steps finished (recorded)
         self.state = "starting"
         self.error: BaseException | None = None
+        self.divergence: DivergenceError | None = None  # set until a reset
         self._cv = threading.Condition()
-        self._changes: list[tuple[dict, float, int]] = []  # (changes, asked at, steps then)
+        self._changes: list[tuple[RunConfig, float, int]] = []  # (config, asked at, steps then)
         self._calls: list[tuple[Callable, Future]] = []
         self._budget = 0
         self._closing = False
         self._next_at = 0.0
-        self._submitted = 0  # steps handed to the backend (ahead of `completed` while in flight)
+        self._submitted = 0  # steps handed to the engine (ahead of `completed` while in flight)
         self._listeners: list[Callable[[dict], None]] = []
-        self.backend = None
+        self.engine = None
         self._thread = threading.Thread(target=self._loop, name="labdist-lab", daemon=True)
         self._thread.start()
 
     # -- what the Lab calls (any thread; never blocks on training) ---------------------------
-    def enqueue(self, changes: dict, requested: float) -> None:
+    def enqueue(self, config: RunConfig, requested: float) -> None:
+        """Queue a validated configuration (the newest queued one wins at the boundary)."""
         with self._cv:
-            self._changes.append((changes, requested, self.completed))
+            self._changes.append((config, requested, self.completed))
             self._cv.notify_all()
 
     def add_steps(self, steps: int | None) -> None:
         with self._cv:
+            if self.divergence is not None:
+                raise DivergenceError(self.divergence.step, self.divergence.where)
             self._budget = -1 if steps is None else (max(self._budget, 0) + steps)
             self.error = None if self.state == "failed" else self.error
             if self.state in ("idle", "failed"):
@@ -141,10 +147,7 @@ class Runner:
     def pending_config(self) -> RunConfig:
         """The config once everything queued is applied (what new changes build on)."""
         with self._cv:
-            config = self.config
-            for changes, *_ in self._changes:
-                config = dataclasses.replace(config, **changes)
-        return config
+            return self._changes[-1][0] if self._changes else self.config
 
     # -- the thread ---------------------------------------------------------------------------
     def _busy(self) -> bool:
@@ -158,8 +161,12 @@ class Runner:
     def _loop(self) -> None:
         while True:
             with self._cv:
+                idle = not (self._changes or self._calls or self._closing or self._budget)
+            if idle and self.engine is not None:  # paused: what is in flight lands now
+                self._safely(lambda: self._records(self.engine.drain()))
+            with self._cv:
                 while not (self._changes or self._calls or self._closing or self._budget):
-                    if self.state not in ("failed", "closed"):
+                    if self.state not in ("failed", "closed", "diverged"):
                         self.state = "idle"
                     self._cv.notify_all()
                     self._cv.wait()
@@ -167,7 +174,7 @@ class Runner:
                 calls, self._calls = self._calls, []
                 closing = self._closing
             if changes or calls or closing:  # a boundary: nothing in flight past here
-                self._safely(lambda: self._records(self.backend.drain() if self.backend
+                self._safely(lambda: self._records(self.engine.drain() if self.engine
                                                    else []))
             if changes:
                 self._safely(self._apply, changes)
@@ -211,22 +218,40 @@ class Runner:
         with self._cv:
             self.state = "running"
         self._submitted += 1
-        records = self.backend.submit(self.config, self.batches.next(), self._submitted)
+        records = self.engine.submit(self.config, self.batches.next(), self._submitted)
         with self._cv:
             if self._budget > 0:
                 self._budget -= 1
             last = self._budget == 0
         if last:
-            records += self.backend.drain()
+            records += self.engine.drain()
         self._records(records)
-        stats = self.backend.stats(force=last)
+        stats = self.engine.stats(force=last)
         if stats is not None:
-            self._emit({"type": "ps_stats", "step": self.completed, **stats})
+            self._emit({"type": "ps_stats", "step": self.completed, "kind": self.config.kind.value,
+                        "use_locking": self.config.use_locking, **stats})
 
     def _records(self, records: list[StepRecord]) -> None:
+        """Number the steps in the order they finished (async PS: not the order they were
+        started), record and send them; the first that is not finite pauses the run."""
         for record in records:
-            self.completed = max(self.completed, record.step)
+            if record.contributions:
+                self.completed += 1
+            record.step = self.completed
             self._emit({"type": "step", **self.history.add(record)})
+            if record.contributions and self.divergence is None:
+                where = find(record, self.spec, self.config.kind.is_ps)
+                if where is not None:
+                    self._diverged(DivergenceError(record.step, where))
+
+    def _diverged(self, error: DivergenceError) -> None:
+        with self._cv:
+            self.divergence = self.error = error
+            self._budget, self.state = 0, "diverged"
+            self._cv.notify_all()
+        self.history.diverged_at = error.step
+        self._emit({"type": "diverged", "step": error.step, "where": error.where,
+                    "text": str(error)})
 
     def _finish_close(self) -> None:
         with self._cv:
@@ -238,14 +263,14 @@ class Runner:
 
     # -- boundaries ---------------------------------------------------------------------------
     def start(self, config: RunConfig) -> None:
-        """(runner thread) The first backend, from the model's initial parameters."""
+        """(runner thread) The first engine, from the model's initial parameters."""
         self.config = config
-        self.backend = self.pool.backend(config.strategy_key, self.model, self.spec)
+        self.engine = self.pool.engine(config.strategy_key, self.model, self.spec)
         init = self.spec.flatten(self.model.init_params())
-        self.backend.use(config, self._copies_for(config, [init] * self.n))
+        self.engine.use(config, self._copies_for(config, [init] * self.n))
 
     def _copies_for(self, config: RunConfig, copies: list[np.ndarray]) -> list[np.ndarray]:
-        if config.kind != "mirrored":
+        if config.kind.is_ps:
             return [unify(copies, config.resync)]
         if needs_equal_copies(config):
             return [unify(copies, config.resync)] * self.n
@@ -253,23 +278,21 @@ class Runner:
             return copies * self.n
         return copies
 
-    def _apply(self, changes: list[tuple[dict, float, int]]) -> None:
-        old = new = self.config
-        for change, *_ in changes:
-            new = dataclasses.replace(new, **change)
+    def _apply(self, changes: list[tuple[RunConfig, float, int]]) -> None:
+        old, new = self.config, changes[-1][0]
         diff = new.changes_from(old)
         if not diff:
             return
         moved = (new.strategy_key != old.strategy_key or (new.synchronization, new.aggregation)
                  != (old.synchronization, old.aggregation))
         if moved:
-            before = self.backend.copies()
-            backend = self.pool.backend(new.strategy_key, self.model, self.spec)
+            before = self.engine.copies()
+            engine = self.pool.engine(new.strategy_key, self.model, self.spec)
             after = self._copies_for(new, before)
-            backend.use(new, after)
-            self.backend = backend
+            engine.use(new, after)
+            self.engine = engine
         else:
-            self.backend.configure(new)
+            self.engine.configure(new)
         self.config = new
         self._next_at = 0.0
         text = "; ".join(f"{k} {_plain(a)} → {_plain(b)}" for k, (a, b) in diff.items())
@@ -287,10 +310,15 @@ class Runner:
                                       [0] * self.n, values, contributions=0)])
 
     def reset(self) -> None:
-        """(runner thread, from a call) Back to the initial parameters at step 0."""
+        """(runner thread, from a call) Back to the initial parameters at step 0 (a diverged
+        run too)."""
         self.batches.reset()
         self.history.clear()
         self.completed = self._submitted = 0
+        with self._cv:
+            self.divergence = None
+            if self.state == "diverged":
+                self.error, self.state = None, "idle"
         self.start(self.config)
         self._emit({"type": "reset"})
 

@@ -43,16 +43,21 @@ def mirrored_step(variables: dict[str, Any], model, x, y, lr: float, skew: float
     return loss, n, flat
 
 
-def ps_step(variables: dict[str, Any], model, x, y, bounds: list[int], lr: float,
+def ps_step(variable: Any, spec, model, x, y, bounds: list[int], lr: float,
             skew: float) -> tuple[int, float, int, np.ndarray]:
-    """One parameter-server worker's step on its own shard of a global batch: pull, compute,
-    push. Returns (worker index, loss, shard size, the values it read, flat)."""
+    """One parameter-server worker's update on its own shard of a global batch: pull the
+    parameter vector, compute, push. Returns (worker index, loss, shard size, the vector it
+    read)."""
     ctx = get_replica_context()
     w = ctx.worker_index
     lo, hi = bounds[w], bounds[w + 1]
-    loss, n, params = _summary(ctx, model, variables, x[lo:hi], y[lo:hi], lr, w, skew)
-    flat = np.concatenate([np.asarray(params[k], np.float64).reshape(-1) for k in variables])
-    return w, loss, n, flat
+    x, y = x[lo:hi], y[lo:hi]
+    if skew and len(x):
+        x = x + w * skew
+    flat = np.asarray(to_host(variable.read_value()), np.float64)
+    loss, grads = model.loss_and_grads(np, spec.unflatten(flat), x, y)
+    variable.assign_sub(lr * spec.flatten(grads), read_value=False)
+    return w, float(to_host(loss)), len(x), flat
 
 
 def assign_copies(first, variables: dict[str, Any], values: dict[str, Any]) -> None:

@@ -246,9 +246,14 @@ class ParameterServerStrategy(Strategy, Coordinated):
             raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
         self._ps_group.call_workers([worker], "set_delay", float(seconds))
 
-    def _set_chunk_delay(self, seconds: float) -> None:
-        """Sleep this long between the chunks of every update (tests and demos: makes
-        interleaving certain instead of likely)."""
+    def set_chunk_delay(self, seconds: float) -> None:
+        """Hold each chunk of every update this long before writing it (0 to undo): the
+        window in which updates interleave widens, so without use_locking torn reads and lost
+        updates become certain instead of rare (tests, demos, the lab's apply delay)."""
+        self._check_open()
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+                or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
         self._ps_group.store_call_all("set_chunk_delay", float(seconds))
 
     def global_step(self) -> int:

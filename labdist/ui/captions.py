@@ -3,10 +3,12 @@ a newcomer can read the panel without the docs. Rewritten on every mode switch."
 
 from __future__ import annotations
 
-from labdist.lab.config import RunConfig
+from labdist.lab.config import Kind, RunConfig
 
-PS_WAIT = ("the lab's PS backend waits for each round, so even async a step waits for its "
-           "slowest worker (delays)")
+TORN = ("torn read: a worker read the parameters while an update was half applied (w from "
+        "after it, b from before)")
+LOST = ("lost update: two updates of one parameter overlapped and the later write erased the "
+        "earlier")
 
 
 def _mirrored_spread(config: RunConfig) -> str:
@@ -20,9 +22,21 @@ def _mirrored_spread(config: RunConfig) -> str:
     return f"ON_WRITE {agg}: every update is applied to each copy — spread stays 0"
 
 
+def _ps_staleness(config: RunConfig) -> str:
+    if config.kind is Kind.PS_SYNC:
+        return ("PS sync: the workers' gradients meet at a barrier and make one update — "
+                "staleness 0; a late (backup) push is dropped and counted as dropped stale")
+    if config.use_locking:
+        return ("PS async: updates that landed between a worker's read and its push (a "
+                "straggler's pushes land stale); use_locking on: one update at a time, whole "
+                "reads — torn reads and lost updates stay 0")
+    return ("PS async: updates that landed between a worker's read and its push (a "
+            f"straggler's pushes land stale). Without use_locking: {TORN}; {LOST}")
+
+
 def captions(config: RunConfig) -> dict[str, str]:
     """Caption per chart name (tracked values share the "track" entry)."""
-    if config.kind == "mirrored":
+    if not config.kind.is_ps:
         spread = _mirrored_spread(config)
         track = "each replica's copy; " + spread.split(": ", 1)[1].replace(
             "spread grows", "the lines part").replace("spread stays 0", "one line")
@@ -30,19 +44,16 @@ def captions(config: RunConfig) -> dict[str, str]:
         throughput = ("steps/s over the last 2 s; every step waits for the slowest replica "
                       "(delays)")
     else:
-        mode = "async" if config.kind == "ps_async" else "sync"
+        mode = config.kind.ps_mode
         spread = (f"PS {mode}: one value on the servers; spread = how far apart the values "
                   "the workers last read are (stale reads), not diverging copies")
         track = f"PS {mode}: the value each worker last read from the parameter servers"
-        throughput = f"steps/s over the last 2 s; {PS_WAIT}"
-        if mode == "async":
-            lock = ("use_locking on: pushes are serialised" if config.use_locking else
-                    "without use_locking, torn reads and lost updates can be non-zero")
-            staleness = (f"PS async: updates applied between a worker's read and its push; "
-                         f"{lock}")
-        else:
-            staleness = ("PS sync: gradients are combined each step — staleness 0; late "
-                         "ones are dropped")
+        throughput = ("updates/s over the last 2 s (async: a step is one worker's update); "
+                      "each worker loops on its own, so a straggler slows only its own updates"
+                      if mode == "async" else
+                      "steps/s over the last 2 s; sync: every step waits at the barrier for "
+                      "the slowest worker (delays)")
+        staleness = _ps_staleness(config)
     return {"track": track, "spread": spread,
             "loss": "each replica's loss on its own shard, and the global loss (log scale)",
             "throughput": throughput, "staleness": staleness,

@@ -6,13 +6,13 @@ work the same whether widget messages arrive on the kernel's main shell or on a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import ipywidgets as w
 
-from labdist.lab.config import AGGREGATIONS, RunConfig
+from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
 
-KIND_OPTIONS = [("mirrored", "mirrored"), ("PS async", "ps_async"), ("PS sync", "ps_sync")]
+KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
 WIDE = w.Layout(width="290px")
 STYLE = {"description_width": "110px"}
@@ -55,7 +55,9 @@ class Controls:
         self.skew = w.FloatSlider(value=0.0, min=0.0, max=5.0, step=0.1,
                                   description="data skew", style=STYLE, layout=WIDE)
         self.delays = [w.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01,
-                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE)
+                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE,
+                                     tooltip=f"a straggler: replica / worker {r} waits this "
+                                     "long each step")
                        for r in range(n)]
         self.use_locking = w.Checkbox(value=False, description="use_locking (PS)",
                                       style=STYLE, layout=WIDE)
@@ -65,10 +67,19 @@ class Controls:
                               "how differing copies become one on a switch", "90px")
         self.pace = w.IntSlider(value=0, min=0, max=200, step=5,
                                 description="pace (steps/s)", style=STYLE, layout=WIDE)
-        for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace):
+        self.apply_delay = w.FloatSlider(
+            value=2.0, min=0.0, max=20.0, step=0.5, description="apply delay (ms)",
+            tooltip="PS: how long a parameter server holds each chunk of an update before "
+            "writing it; wider windows make races (torn reads, lost updates) likelier",
+            style=STYLE, layout=WIDE)
+        for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace,
+                       self.apply_delay):
             slider.continuous_update = False  # one change when released, not one per pixel
-        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace"):
+        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace",
+                     "apply_delay"):
             getattr(self, name).add_class(f"labdist-{name.replace('_', '-')}")
+        for r, slider in enumerate(self.delays):
+            slider.add_class(f"labdist-delay-{r}")
         self.buttons = {label: w.Button(description=label, layout=w.Layout(width="68px"))
                         for label in ("run", "pause", "step", "reset")}
         for label, b in self.buttons.items():
@@ -79,7 +90,7 @@ class Controls:
 
     def _bind(self) -> None:
         for name in ("kind", "synchronization", "aggregation", "learning_rate", "skew",
-                     "use_locking", "sync_period", "resync", "pace"):
+                     "use_locking", "sync_period", "resync", "pace", "apply_delay"):
             getattr(self, name).observe(self._changed(name), names="value")
         for r, slider in enumerate(self.delays):
             slider.observe(self._changed_delay(r), names="value")
@@ -92,7 +103,11 @@ class Controls:
     def _changed(self, name: str):
         def observer(change: dict) -> None:
             if not self._quiet.on:
-                value = float(change["new"]) if name == "pace" else change["new"]
+                value = change["new"]
+                if name == "pace":
+                    value = float(value)
+                elif name == "apply_delay":  # shown in ms
+                    value = float(value) / 1e3
                 self._safely(lambda: self.lab.set(**{name: value}))
         return observer
 
@@ -112,25 +127,36 @@ class Controls:
             if self.on_error is not None:
                 self.on_error(self.error)
 
-    def sync(self, config: RunConfig) -> None:
-        """Show `config` (from the publisher's thread) without queuing it again."""
+    def sync(self, config: RunConfig, fields: Collection[str] | None = None) -> None:
+        """Show `config` (from the publisher's thread) without queuing it again; `fields`:
+        only these settings (those a change just applied). Writing the others could undo a
+        click whose value reached the widget but not yet `lab.set` (another thread)."""
+        values = {
+            "kind": (self.kind, config.kind.value),
+            "synchronization": (self.synchronization, config.synchronization.name),
+            "aggregation": (self.aggregation, config.aggregation.name),
+            "learning_rate": (self.learning_rate, config.learning_rate),
+            "skew": (self.skew, min(config.skew, self.skew.max)),
+            "use_locking": (self.use_locking, config.use_locking),
+            "sync_period": (self.sync_period, min(config.sync_period, self.sync_period.max)),
+            "resync": (self.resync, config.resync),
+            "pace": (self.pace, int(min(config.pace, self.pace.max))),
+            "apply_delay": (self.apply_delay,
+                            min(config.apply_delay * 1e3, self.apply_delay.max)),
+        }
         self._quiet.on = True
         try:
-            self.kind.value = config.kind
-            self.synchronization.value = config.synchronization.name
-            self.aggregation.value = config.aggregation.name
-            self.learning_rate.value = config.learning_rate
-            self.skew.value = min(config.skew, self.skew.max)
-            for slider, d in zip(self.delays, config.delays, strict=True):
-                slider.value = min(d, slider.max)
-            self.use_locking.value = config.use_locking
-            self.sync_period.value = min(config.sync_period, self.sync_period.max)
-            self.resync.value = config.resync
-            self.pace.value = int(min(config.pace, self.pace.max))
-            mirrored = config.kind == "mirrored"
+            for name, (widget, value) in values.items():
+                if fields is None or name in fields:
+                    widget.value = value
+            if fields is None or "delays" in fields:
+                for slider, d in zip(self.delays, config.delays, strict=True):
+                    slider.value = min(d, slider.max)
+            mirrored = not config.kind.is_ps
             self.synchronization.disabled = not mirrored
             self.sync_period.disabled = not mirrored
             self.use_locking.disabled = mirrored
+            self.apply_delay.disabled = mirrored
         finally:
             self._quiet.on = False
 
@@ -138,14 +164,14 @@ class Controls:
         def section(text: str) -> w.HTML:
             return w.HTML(f"<div style='margin:6px 0 0 2px;font-weight:600'>{text}</div>")
 
-        return w.VBox([  # headings above the buttons: the buttons get the full width
+        # headings above the buttons only (the buttons get the full width); the sliders say
+        # what they are: the whole column fits beside the charts at 1280 x 800
+        return w.VBox([
             w.HBox(list(self.buttons.values())),
             section("strategy"), self.kind, section("synchronization"), self.synchronization,
             section("aggregation"), self.aggregation,
-            section("re-sync on switching to ON_WRITE or a PS"), self.resync,
-            self.sync_period, self.use_locking,
-            section("optimizer and data"), self.learning_rate, self.skew,
-            section("stragglers"), *self.delays,
-            section("speed"), self.pace,
+            section("re-sync when copies must become one"), self.resync,
+            self.sync_period, self.use_locking, self.apply_delay,
+            self.learning_rate, self.skew, *self.delays, self.pace,
         ], layout=w.Layout(width="300px"))
 

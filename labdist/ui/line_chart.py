@@ -22,6 +22,7 @@ class LineChart(StreamChart):
     colors = traitlets.List(traitlets.Unicode(), PALETTE).tag(sync=True)
     log_y = traitlets.Bool(False).tag(sync=True)
     emphasis = traitlets.Int(-1).tag(sync=True)  # a series drawn thicker (e.g. "global")
+    zero_y = traitlets.Bool(False).tag(sync=True)  # the y axis always shows 0 (throughput)
     # the steps shown: the last `window` (0: all); the y axis fits what is shown
     window = traitlets.Int(DEFAULT_WINDOW).tag(sync=True)
 

@@ -9,11 +9,25 @@ import html
 
 import ipywidgets as w
 
+from labdist.lab.config import Kind, RunConfig
 from labdist.ui.controls import Controls
+from labdist.ui.event_log import EventLog
 from labdist.ui.histogram import Histogram
 from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
 from labdist.ui.publisher import NO_PS_NOTE, Publisher
+
+# the charts that tell the current mode's story, first one on top (in view beside the
+# controls at 1280 x 800 with JupyterLab's file browser open)
+LEAD = {Kind.MIRRORED: ("plane", "spread"), Kind.PS_ASYNC: ("staleness", "throughput"),
+        Kind.PS_SYNC: ("throughput", "staleness")}
+
+
+def arrangement(kind: Kind, names: list[str]) -> tuple[str, list[str]]:
+    """(the chart on top, the others in order) for `kind`: its story first."""
+    first = [n for n in LEAD[kind] if n in names]
+    rest = first[1:] + [n for n in names if n not in first]
+    return first[0], rest
 
 
 def make_charts(lab) -> dict:
@@ -27,7 +41,7 @@ def make_charts(lab) -> dict:
                                series=[*replicas, "global"], colors=[*PALETTE[:n], "#000000"],
                                emphasis=n, log_y=True)
     charts["throughput"] = LineChart(title="throughput", y_label="steps / s",
-                                     series=["steps / s"], colors=["#2b8a3e"])
+                                     series=["steps / s"], colors=["#2b8a3e"], zero_y=True)
     charts["staleness"] = Histogram(
         title="parameter-server staleness", x_label="staleness (updates between read and "
         "apply)", y_label="updates",
@@ -49,26 +63,25 @@ class LabPanel:
         self.controls = Controls(lab)
         self.status = w.HTML("", layout=w.Layout(margin="0 16px 4px 4px"))
         self.status.add_class("labdist-status")
-        self.log = w.Output(layout=w.Layout(max_height="140px", overflow="auto",
-                                            border="1px solid #ddd"))
-        self.log.add_class("labdist-log")
+        self.log = EventLog()
+        self.alert = w.HTML("", layout=w.Layout(display="none", border="2px solid #b00",
+                                                padding="4px 8px", margin="0 0 6px 0"))
+        self.alert.add_class("labdist-alert")
         link = lab.dashboard_link
         self.dashboard = w.HTML(
             f"<a href='{html.escape(link)}' target='_blank'>Dask dashboard</a>" if link
             else "no Dask dashboard for this cluster")
         self.dashboard.add_class("labdist-dashboard")
-        self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log)
-        self.controls.on_error = lambda text: self.log.append_stdout(f"refused: {text}\n")
-        charts = list(self.charts.values())
-        plane = [self.charts["plane"]] if "plane" in self.charts else []
-        # two chart columns where they fit, one where not; the charts go under the controls
-        # when the notebook is narrow (nothing is cut off at the right)
-        grid = w.GridBox([c for c in charts if c not in plane],
-                         layout=w.Layout(grid_template_columns="repeat(auto-fit, "
-                                         "minmax(280px, 1fr))",
-                                         grid_gap="6px 10px", width="100%"))
-        right = w.VBox([self.status, *plane, grid,
-                        w.HTML("<b>events</b>"), self.log],
+        self.controls.on_error = lambda text: self.log.append(f"refused: {text}")
+        # the mode's lead chart on top, full width; the rest in two columns where they fit,
+        # one where not; the charts go under the controls when the notebook is narrow
+        self.lead = w.VBox([], layout=w.Layout(width="100%"))
+        self.grid = w.GridBox([], layout=w.Layout(grid_template_columns="repeat(auto-fit, "
+                                                  "minmax(280px, 1fr))",
+                                                  grid_gap="6px 10px", width="100%"))
+        self.arrange(lab.config)
+        right = w.VBox([self.status, self.alert, self.lead, self.grid,
+                        w.HTML("<b>events</b>"), self.log.widget],
                        layout=w.Layout(flex="1 1 480px", min_width="0", width="auto"))
         self.window = w.IntSlider(
             value=DEFAULT_WINDOW, min=0, max=2000, step=50, description="window (steps)",
@@ -77,12 +90,20 @@ class LabPanel:
             layout=w.Layout(width="290px"))
         self.window.add_class("labdist-window")
         self.window.observe(self._window_changed, names="value")
-        left = w.VBox([self.controls.widget(),
-                       w.HTML("<div style='margin:6px 0 0 2px;font-weight:600'>charts</div>"),
-                       self.window, self.dashboard], layout=w.Layout(flex="0 0 300px"))
+        left = w.VBox([self.controls.widget(), self.window, self.dashboard],
+                      layout=w.Layout(flex="0 0 300px"))
         self.widget = w.HBox([left, right], layout=w.Layout(width="100%", flex_flow="row wrap",
                                                            grid_gap="0 10px"))
         self.widget.add_class("labdist-panel")
+        self.publisher = Publisher(lab, self.charts, self.controls, self.status, self.log,
+                                   self.alert, arrange=self.arrange)
+
+    def arrange(self, config: RunConfig) -> None:
+        """Put the chart that matters for `config`'s kind on top (a switch calls this)."""
+        first, rest = arrangement(config.kind, list(self.charts))
+        if self.lead.children != (self.charts[first],):
+            self.lead.children = (self.charts[first],)
+            self.grid.children = tuple(self.charts[n] for n in rest)
 
     def _window_changed(self, change: dict) -> None:
         for chart in self.charts.values():

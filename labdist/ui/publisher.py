@@ -2,12 +2,13 @@
 
 Its subscription to the lab (`lab.subscribe`) only puts items in a queue; this thread batches
 them into deltas (all the steps since the last frame in one message per chart), draws events on
-every chart, keeps the controls showing the configuration, and writes the event log through
-`Output.append_stdout` (never `with out:` from a thread).
+every chart, keeps the controls showing the configuration, and writes the event log
+(ui/event_log.py: every line since the last reset).
 """
 
 from __future__ import annotations
 
+import html
 import queue
 import threading
 import time
@@ -20,33 +21,39 @@ from labdist.ui.captions import captions
 
 RATE_HZ = 20
 STATUS_HZ = 5
-LOG_LINES = 60
 GRID = 56  # the loss surface's resolution per axis
 NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-server steps in "
               "this mode yet)")
 
 
 class Publisher:
-    def __init__(self, lab, charts: dict[str, Any], controls, status, log):
+    def __init__(self, lab, charts: dict[str, Any], controls, status, log, alert=None,
+                 arrange=None):
         self.lab = lab
         self.charts = charts
         self.controls = controls
         self.status = status
         self.log = log
+        self.alert = alert  # an HTML widget: what stopped the run, in words (divergence)
+        self.arrange = arrange  # called with the config after a switch of kind
         self.frames = 0  # frames that sent something
         self.publish_s = 0.0  # Python time spent building and sending them
         self.items = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ps_seen: Counter[int] = Counter()
+        self._ps_prev: tuple[float, int, int] | None = None  # (time, torn, lost): the rates
         self._surface_skew: float | None = None
         self._surface_at = 0.0
-        self._log_lines = 0
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
         self._captions(lab.config)
+        if lab.divergence is not None:  # a panel shown after the run diverged says so too
+            error = lab.divergence
+            self.items.put({"type": "diverged", "step": error.step, "where": error.where,
+                            "text": str(error)})
         self._unsubscribe = lab.subscribe(self.items.put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
@@ -87,23 +94,30 @@ class Publisher:
 
     # -- one frame ------------------------------------------------------------------------------
     def _publish(self, items: list[dict]) -> None:
+        """Each item drawn on its own: a drawing error (logged) never drops the items after
+        it (a divergence's message comes right after its non-finite rows)."""
         rows: list[dict] = []
         for item in items:
-            kind = item["type"]
-            if kind == "step":
+            if item["type"] == "step":
                 rows.append(item)
                 continue
-            self._rows(rows)
+            self._safe(self._rows, rows)
             rows = []
-            if kind == "event":
-                self._event(item)
-            elif kind == "ps_stats":
-                self._ps_stats(item)
-            elif kind == "reset":
-                self._reset()
-            elif kind == "error":
-                self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
-        self._rows(rows)
+            self._safe(self._item, item)
+        self._safe(self._rows, rows)
+
+    def _item(self, item: dict) -> None:
+        kind = item["type"]
+        if kind == "event":
+            self._event(item)
+        elif kind == "ps_stats":
+            self._ps_stats(item)
+        elif kind == "reset":
+            self._reset()
+        elif kind == "diverged":
+            self._diverged(item)
+        elif kind == "error":
+            self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
 
     def _rows(self, rows: list[dict]) -> None:
         if not rows:
@@ -117,8 +131,9 @@ class Publisher:
         for i, name in enumerate(self.lab.track):
             c[f"track:{name}"].append(x, [[r["tracked"][i][k] for r in rows] for k in range(n)])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
-        if self._plane_index is not None:
-            points = [r["plane"][:, self._plane_index] for r in rows]
+        if self._plane_index is not None:  # a diverged path ends at its last finite point
+            points = [p for p in (r["plane"][:, self._plane_index] for r in rows)
+                      if np.isfinite(p).all()]
             c["plane"].append(points)
             self._surface(points=points)
 
@@ -140,8 +155,11 @@ class Publisher:
                   "after the request)")
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
-        self.controls.sync(self.lab.pending_config())
+            self._ps_prev = None
+        self.controls.sync(self.lab.pending_config(), fields=item["changes"].keys())
         self._captions(self.lab.config)
+        if "kind" in item["changes"] and self.arrange is not None:
+            self.arrange(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
 
@@ -151,10 +169,38 @@ class Publisher:
                  if v > self._ps_seen.get(k, 0)}
         self._ps_seen = seen
         self.charts["staleness"].add(delta)
-        self.charts["staleness"].note = (f"{item['updates']} updates (the bars' total) · "
-                                         f"torn reads: {item['torn_reads']} · "
-                                         f"lost updates: {item['lost_updates']} · "
-                                         f"dropped stale: {item['dropped']}")
+        now, torn, lost = time.monotonic(), item["torn_reads"], item["lost_updates"]
+        rates = ""
+        if self._ps_prev is not None and now - self._ps_prev[0] > 0.05:
+            span = now - self._ps_prev[0]
+            rates = (f" ({(torn - self._ps_prev[1]) / span:.0f}/s)",
+                     f" ({(lost - self._ps_prev[2]) / span:.0f}/s)")
+        self._ps_prev = (now, torn, lost)
+        torn_rate, lost_rate = rates or ("", "")
+        parts = [f"{item['updates']} updates (the bars' total)"]
+        if item.get("kind") == "ps_async":
+            counts = self.lab.history.updates_per_worker
+            speed = self.lab.history.worker_rates()
+            parts.append("per worker: " + ", ".join(
+                f"w{w} {counts.get(w, 0)} ({speed.get(w, 0.0):.0f}/s)"
+                for w in range(self.lab.num_replicas)))
+        parts += [f"torn reads: {torn}{torn_rate}", f"lost updates: {lost}{lost_rate}",
+                  f"dropped stale: {item['dropped']}"]
+        self.charts["staleness"].note = " · ".join(parts)
+
+    def _diverged(self, item: dict) -> None:
+        """Say it on the panel: the banner, a mark at the step on every chart, the log."""
+        for name, chart in self.charts.items():
+            if name == "plane":
+                chart.event("diverged")
+            elif name != "staleness":
+                chart.event(item["step"], "diverged")
+        self._log(f"step {item['step']}: {item['text']}")
+        if self.alert is not None:
+            self.alert.value = (f"<div class='labdist-alert-text'><b>Diverged at step "
+                                f"{item['step']}</b>: {html.escape(item['where'])}. Training "
+                                "paused: lower the learning rate and reset.</div>")
+            self.alert.layout.display = ""
 
     def _captions(self, config) -> None:
         """Each chart's line of what to expect, for the mode now in effect."""
@@ -167,6 +213,11 @@ class Publisher:
             chart.reset()
         self.charts["staleness"].note = NO_PS_NOTE
         self._ps_seen.clear()
+        self._ps_prev = None
+        self.log.clear()
+        if self.alert is not None:
+            self.alert.value = ""
+            self.alert.layout.display = "none"
         self._log("reset: back to the initial parameters at step 0")
         if self._plane_index is not None:
             self._surface(force=True)
@@ -187,14 +238,19 @@ class Publisher:
         self._surface_at = time.monotonic()
         self._surface_skew = skew
         bounds = self._box(skew)
+        if not np.isfinite(bounds).all() or max(map(abs, bounds)) > 1e100:
+            return  # a box around a blown-up path: keep the last surface
         a = np.linspace(bounds[0], bounds[1], GRID)
         b = np.linspace(bounds[2], bounds[3], GRID)
         aa, bb = np.meshgrid(a, b)
         model, (x, y) = self.lab.model, self.lab.data
         base = self.lab.spec.unflatten(self.lab.spec.flatten(model.init_params()))
         n = self.lab.num_replicas
-        z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
-                for r in range(n)) / n  # every replica's objective, averaged
+        with np.errstate(all="ignore"):  # a diverged run's box: overflow is drawn, not said
+            z = sum(model.loss_grid(aa.ravel(), bb.ravel(), x + r * skew, y, base)
+                    for r in range(n)) / n  # every replica's objective, averaged
+        if not np.isfinite(z).all():
+            return
         plane.set_surface(bounds, z.reshape(GRID, GRID))
 
     def _box(self, skew: float) -> tuple[float, float, float, float]:
@@ -214,15 +270,13 @@ class Publisher:
 
     # -- text -------------------------------------------------------------------------------------
     def _log(self, line: str) -> None:
-        if self._log_lines >= LOG_LINES:  # keep the log (re-sent whole on each change) small
-            self.log.outputs = self.log.outputs[-(LOG_LINES // 2):]
-            self._log_lines = LOG_LINES // 2
-        self.log.append_stdout(line + "\n")
-        self._log_lines += 1
+        self.log.append(line)
 
     def _show_status(self) -> None:
         lab = self.lab
-        parts = [f"<b>step {lab.step_count}</b>", lab.state,
+        state = (f"<span style='color:#b00'><b>diverged at step {lab.divergence.step}</b>"
+                 "</span>" if lab.state == "diverged" and lab.divergence else lab.state)
+        parts = [f"<b>step {lab.step_count}</b>", state,
                  f"{lab.steps_per_second():.0f} steps/s", lab.config.describe()]
         if self._last_delay is not None:
             parts.append(f"last change applied {self._last_delay * 1e3:.0f} ms after request")

@@ -129,6 +129,10 @@ def test_the_save_hook_strips_what_a_run_adds():
 def _add_run_traces(nb: nbformat.NotebookNode) -> None:
     """What running and saving a notebook in JupyterLab adds to it."""
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    nb.metadata["language_info"] = {  # what a running kernel reports, version and all
+        "codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+        "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+        "pygments_lexer": "ipython3", "version": "3.11.7"}
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         cell.execution_count = i + 1
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]

@@ -133,7 +133,7 @@ def test_controls_only_queue_and_show_what_applies(strategy):
         c.buttons["step"].click()
         lab.wait()
         assert lab.step_count > 0 and c.error is None
-        log = "".join(o["text"] for o in panel.log.outputs)
+        log = panel.log.text
         assert "aggregation → SUM" in log and "skew → 1.5" in log
         panel.close()
 
@@ -143,7 +143,7 @@ def test_a_refused_control_value_is_logged_not_raised(strategy):
         panel = LabPanel(lab)
         panel.controls._changed("learning_rate")({"new": -1.0})
         assert "learning_rate=-1.0 is not allowed" in panel.controls.error
-        assert "refused: ValueError" in "".join(o["text"] for o in panel.log.outputs)
+        assert "refused: ValueError" in panel.log.text
         assert lab.events == []
         panel.close()
 
@@ -159,10 +159,11 @@ def test_parameter_server_staleness_reaches_the_histogram(strategy):
             if m["type"] == "add":
                 for k, v in m["counts"].items():
                     added[int(k)] += v
-        assert sum(added.values()) == 20 * 2 * 2  # a push per variable, worker and round
+        assert sum(added.values()) == 20  # async: a step is one worker's push
         assert dict(added) == panel.charts["staleness"].counts
         assert "torn reads: " in panel.charts["staleness"].note
         assert "lost updates: " in panel.charts["staleness"].note  # beside the torn reads
+        assert re.search(r"per worker: w0 \d+ \(\d+/s\), w1 \d+", panel.charts["staleness"].note)
         panel.close()
         lab.step(2)  # a closed panel no longer collects the run's items
         assert panel.publisher.items.empty()
@@ -259,10 +260,14 @@ def test_captions_say_what_to_expect_in_each_mode():
     assert "every 5 steps" in text(synchronization="ON_READ", sync_period=5)["spread"]
     ps = text(kind="ps_async")
     assert "not diverging copies" in ps["spread"]
-    assert "waits for each round" in ps["throughput"]
-    assert "torn reads and lost updates can be non-zero" in ps["staleness"]
-    assert "serialised" in text(kind="ps_async", use_locking=True)["staleness"]
+    assert "a straggler slows only its own updates" in ps["throughput"]
+    assert "torn read: a worker read the parameters while an update was half applied" \
+        in ps["staleness"]
+    assert "lost update: two updates of one parameter overlapped" in ps["staleness"]
+    assert "torn reads and lost updates stay 0" in text(kind="ps_async",
+                                                         use_locking=True)["staleness"]
     assert "staleness 0" in text(kind="ps_sync")["staleness"]
+    assert "waits at the barrier" in text(kind="ps_sync")["throughput"]
     assert "no parameter servers now" in text()["staleness"]
 
 
@@ -293,5 +298,110 @@ def test_the_staleness_bars_add_up_to_the_updates_shown_across_switches(strategy
             chart = panel.charts["staleness"]
             shown = int(re.match(r"(\d+) updates", chart.note).group(1))
             assert sum(chart.counts.values()) == shown, (kind, chart.counts, chart.note)
-            assert shown == (0 if kind == "mirrored" else 6 * 2 * 2), chart.note
+            assert shown == (0 if kind == "mirrored" else 6), chart.note
+        panel.close()
+
+
+def test_a_diverged_run_says_so_on_the_panel(strategy):
+    with ld.Lab(strategy, aggregation="SUM", learning_rate=0.9) as lab:
+        panel = LabPanel(lab)
+        sent = capture(panel)
+        lab.run()
+        deadline = time.monotonic() + 30
+        while lab.state != "diverged" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lab.state == "diverged"
+        step = lab.divergence.step
+        deadline = time.monotonic() + 5  # a frame and a status refresh
+        while (f"diverged at step {step}" not in panel.status.value
+               or not panel.alert.value) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f"Diverged at step {step}" in panel.alert.value, panel.log.text
+        assert "lower the learning rate and reset" in panel.alert.value
+        assert "replica " in panel.alert.value and panel.alert.layout.display == ""
+        assert f"diverged at step {step}" in panel.status.value
+        log = panel.log.text
+        assert f"step {step}: the run diverged at step {step}: replica" in log
+        assert "panel error" not in log
+        marks = [m for m in sent["loss"] if m["type"] == "event"]
+        assert any(m.get("label") == "diverged" for m in marks), marks
+        lab.reset()
+        settle(panel, lab)
+        assert panel.alert.value == "" and panel.alert.layout.display == "none"
+        panel.close()
+
+
+def test_the_event_log_keeps_every_event_and_a_reset_clears_it(strategy):
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        for i in range(70):  # more than a log trimmed to its last lines would keep
+            lab.set(learning_rate=0.01 + i * 1e-4)
+            lab.step(1)
+        settle(panel, lab)
+        switches = [line for line in panel.log.lines if "learning_rate →" in line]
+        assert len(switches) == len(lab.events) == 70
+        assert [s.split(": ", 1)[1].split("  (")[0] for s in switches] == \
+            [f"learning_rate → {e.changes['learning_rate'][1]:g}" for e in lab.events]
+        assert "flex-direction:column-reverse" in panel.log.widget.value  # newest in view
+        lab.reset()
+        settle(panel, lab)
+        assert panel.log.lines == ["reset: back to the initial parameters at step 0"]
+        panel.close()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_step_axis_tick_labels_stay_distinct_after_many_steps(tmp_path):
+    script = tmp_path / "ticks.mjs"
+    script.write_text(
+        f'import {{ tickFmt, ticks }} from "{ROOT / "widgets" / "_shared.js"}";\n'
+        "const out = [];\n"
+        "for (const [lo, hi] of [[13000, 13200], [99800, 100000], [0, 1], [-0.5, 0.5],\n"
+        "                        [1e7, 1e7 + 40], [0.001, 0.0012]]) {\n"
+        "  const t = ticks(lo, hi, 4);\n"
+        "  out.push(t.map((v) => tickFmt(v, t[1] - t[0])));\n"
+        "}\n"
+        "// a diverging run's span at its values' precision: ends at once, no endless loop\n"
+        "const flat = ticks(1e20, 1e20 * (1 + 4e-16), 4).length;\n"
+        "console.log(JSON.stringify({out, flat}));\n")
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    labels = got["out"]
+    assert 1 <= got["flat"] <= 2
+    for row in labels:
+        assert len(set(row)) == len(row) >= 3, row  # neighbours never read the same
+    assert labels[0][:2] == ["13,000", "13,050"]
+
+
+def test_the_chart_that_matters_for_the_mode_comes_first(strategy):
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        assert panel.lead.children == (panel.charts["plane"],)
+        for kind, first in (("ps_async", "staleness"), ("ps_sync", "throughput"),
+                            ("mirrored", "plane")):
+            lab.set(kind=kind)
+            lab.step(2)
+            settle(panel, lab)
+            assert panel.lead.children == (panel.charts[first],), kind
+            shown = {*panel.lead.children, *panel.grid.children}
+            assert shown == set(panel.charts.values())  # every chart, once
+            assert len(panel.grid.children) == len(panel.charts) - 1
+        panel.close()
+
+
+def test_showing_an_applied_change_leaves_a_click_on_its_way_alone(strategy):
+    """The publisher shows what a change set, only that: a click whose value reached its
+    widget but not yet `lab.set` (the comm's thread) is not written back over."""
+    with ld.Lab(strategy, kind="ps_async") as lab:
+        panel = LabPanel(lab)
+        controls = panel.controls
+        controls._quiet.on = True  # the click's value, its observer not run yet
+        controls.use_locking.value = True
+        controls._quiet.on = False
+        controls.sync(lab.pending_config(), fields={"learning_rate"})
+        assert controls.use_locking.value is True
+        controls.sync(lab.pending_config())  # everything (a panel shown anew)
+        assert controls.use_locking.value is False
         panel.close()

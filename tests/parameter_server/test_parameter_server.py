@@ -200,7 +200,7 @@ def race(strategy):
         flag = ld.Variable(0.0, name="flag")
         # one done-flag per writer: two unlocked assign_adds on one variable could lose one
         dones = [ld.Variable(0.0, name=f"done{i}") for i in range(2)]
-    strategy._set_chunk_delay(0.01)  # an update takes >= 0.63 s
+    strategy.set_chunk_delay(0.01)  # an update takes >= 0.63 s
     strategy.reset_stats()
     coordinator = ld.ClusterCoordinator(strategy)
 
@@ -223,7 +223,7 @@ def race(strategy):
     for i in range(2):
         coordinator.schedule(writer, args=(i,))
     coordinator.join()
-    strategy._set_chunk_delay(0.0)
+    strategy.set_chunk_delay(0.0)
     return seen.fetch(), big.numpy()
 
 
@@ -274,7 +274,7 @@ def test_training_reaches_the_target_loss_and_stats_show_the_mode(client, name):
                                     **MODES[name]) as s:
         model = mlp(s, ld.optimizers.Adam(0.01))
         if name.startswith("async"):
-            s._set_chunk_delay(0.001)  # each push spends ~40 ms applying, chunk by chunk
+            s.set_chunk_delay(0.001)  # each push spends ~40 ms applying, chunk by chunk
             s.set_worker_delay(1, 0.015)  # and the workers drift apart (no lockstep)
         else:
             s.set_worker_delay(2, 0.05)  # a straggler: its gradients come late

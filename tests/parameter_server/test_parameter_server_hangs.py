@@ -195,9 +195,9 @@ def test_a_ps_that_answers_is_never_declared_lost_however_long_a_call_waits(clie
         strategy.set_worker_delay(1, 3 * timeout)
         assert two_steps() > 3 * timeout  # the barrier did wait that long
         strategy.set_worker_delay(1, 0)
-        strategy._set_chunk_delay(0.5)  # six chunks: the step's update takes 3 s to apply
+        strategy.set_chunk_delay(0.5)  # six chunks: the step's update takes 3 s to apply
         assert two_steps() > 2 * timeout
-        strategy._set_chunk_delay(0)
+        strategy.set_chunk_delay(0)
         assert strategy.stats().global_step == 2  # both steps applied, nothing lost
 
 

@@ -56,10 +56,10 @@ def add_race(strategy, rounds: int):
         with strategy.scope():
             big.assign(np.zeros(CHUNKS * CHUNK, np.float32))
         strategy.reset_stats()
-        strategy._set_chunk_delay(0.2)
+        strategy.set_chunk_delay(0.2)
         values = [coordinator.schedule(writer, args=(i, r)) for i in range(WRITERS)]
         coordinator.join()
-        strategy._set_chunk_delay(0.0)
+        strategy.set_chunk_delay(0.0)
         chunks = big.numpy().reshape(CHUNKS, CHUNK)
         assert (chunks == chunks[:, :1]).all()  # a chunk is written whole, never mixed
         yield chunks[:, 0].astype(int), [v.fetch() for v in values], strategy.stats()

@@ -120,9 +120,8 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
                 if text == "NONE" and n == 1:
                     _wait_caption(page, "spread", "replicas update on their own — spread grows")
                 if text == "PS async":  # the PS panel explains itself, and its numbers add up
-                    _wait_caption(page, "throughput", "waits for each round")
-                    _wait_caption(page, "staleness", "torn reads and lost updates can be "
-                                  "non-zero")
+                    _wait_caption(page, "throughput", "a straggler slows only its own")
+                    _wait_caption(page, "staleness", "torn read: a worker read")
                     page.wait_for_function(
                         "() => { const el = document.querySelector('.labdist-staleness');"
                         " const m = el.textContent.match(/(\\d+) updates/);"
@@ -178,12 +177,13 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
                 assert v["y1"] - v["y0"] <= 1.5 * span + 2e-12 or span < 1e-6, (chart, v)
                 assert v["x1"] - v["x0"] <= 200 + 1e-9, v  # the default window
 
-            # reset in PS async (rounds finish together there): the throughput starts again
+            # reset in PS async (updates land as they finish): the throughput starts again
             # without a spike
             _click(page, "kind", "PS async")
-            _wait_caption(page, "throughput", "waits for each round")
+            _wait_caption(page, "throughput", "a straggler slows only its own")
             page.wait_for_function(
                 "() => { const s = document.querySelector('.labdist-throughput').labdist;"
+                " if (!s || !s.events.length) return false;"  # moved up: a new view, filling
                 " const ev = s.events[s.events.length - 1].x;"
                 " return s.x.filter(x => x > ev + 20).length > 0; }", timeout=30_000)
             before = page.evaluate(
@@ -200,6 +200,9 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
 
             assert page.evaluate(CONTROLS) == []
             assert page.evaluate(OVERLAPS) == []
+            # the plane's event labels sit beside the paths, never over them
+            assert page.evaluate(
+                "() => document.querySelector('.labdist-plane').labdist.labelsOnPaths") == 0
             assert "panel error" not in page.locator(".labdist-log").inner_text()
             page.locator(".labdist-panel").scroll_into_view_if_needed()
             page.screenshot(path=str(OUTPUT / "lab-newcomer-1280x800.png"))

@@ -1,13 +1,15 @@
-"""The lab's two ways of running a step, behind one small interface the runner drives:
+"""The lab's *engines*, its two ways of running a step (not to be confused with the array
+backends of `labdist.backend`), behind one small interface the runner drives:
 
-- `use(config, copies)`: make this backend current, starting from the given per-replica
-  parameter vectors (a parameter-server backend takes one vector);
+- `use(config, copies)`: make this engine current, starting from the given per-replica
+  parameter vectors (a parameter-server engine takes one vector);
 - `submit(config, batch, step)`: run (or start) one step; returns the records of the steps
   that finished;
+- `configure(config)`: settings that change without a switch (delays, apply delay);
 - `drain()`: finish whatever is in flight (a step boundary); returns their records;
 - `copies()`: the per-replica parameter vectors now (at a boundary).
 
-`MirroredBackend` lives here; `ps_backend.ParameterServerBackend` is the other one.
+`MirroredEngine` lives here; `ps_engine.ParameterServerEngine` is the other one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class StepRecord:
     sizes: list[int]  # samples each replica / worker used
     values: np.ndarray  # (replicas, parameters): each copy after the step (PS: what it read)
     contributions: int  # gradients applied (one per replica / worker update)
+    worker: int | None = None  # async PS: whose update this step is (one worker's, alone)
     time: float = field(default_factory=time.time)
 
     @property
@@ -57,10 +60,12 @@ class StepRecord:
         used = [(loss, n) for loss, n in zip(self.losses, self.sizes, strict=True)
                 if n and np.isfinite(loss)]
         total = sum(n for _, n in used)
-        return sum(loss * n for loss, n in used) / total if total else float("nan")
+        with np.errstate(all="ignore"):  # near divergence: the runner says so in words
+            return float(sum(np.float64(loss) * n for loss, n in used) / total) if total \
+                else float("nan")
 
 
-class MirroredBackend:
+class MirroredEngine:
     """Steps through `strategy.run` on a MirroredStrategy. Each (synchronization, aggregation)
     has its own set of variables (a variable's semantics are fixed when it is made); switching
     writes the copies into the other set, replica by replica."""
@@ -130,7 +135,8 @@ class MirroredBackend:
                            np.stack(flats), contributions=n)]
 
     def configure(self, config: RunConfig) -> None:
-        """Nothing to set ahead: delays, learning rate and skew travel with every step."""
+        """Nothing to set ahead: delays, learning rate and skew travel with every step (the
+        apply delay is a parameter-server knob)."""
 
     def drain(self) -> list[StepRecord]:
         return []

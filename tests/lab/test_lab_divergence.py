@@ -1,0 +1,69 @@
+"""A run that diverges (learning rate 0.9 on the default model) pauses at the first step whose
+loss or parameters are not finite and says where, in words; run/step/wait raise until reset."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist.lab import DivergenceError
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    s = ld.MirroredStrategy(num_replicas=2)
+    yield s
+    s.close()
+
+
+def diverge(lab, timeout: float = 30.0) -> DivergenceError:
+    lab.run()
+    t0 = time.monotonic()
+    while lab.state != "diverged":
+        assert time.monotonic() - t0 < timeout, f"no divergence by step {lab.step_count}"
+        time.sleep(0.05)
+    with pytest.raises(DivergenceError) as raised:
+        lab.wait(timeout=10)
+    return raised.value
+
+
+@pytest.mark.parametrize("kind, aggregation", [("mirrored", "SUM"), ("ps_async", "MEAN")])
+def test_a_learning_rate_of_0_9_pauses_the_run_and_says_why(strategy, kind, aggregation):
+    """Mirrored SUM doubles each step (two replicas' updates add up); async PS applies stale
+    gradients: at 0.9 both blow up within seconds."""
+    seen: list[dict] = []
+    with ld.Lab(strategy, kind=kind, aggregation=aggregation, learning_rate=0.9) as lab:
+        lab.subscribe(lambda item: seen.append(item) if item["type"] == "diverged" else None)
+        error = diverge(lab)
+        who = "replica" if kind == "mirrored" else "worker"
+        assert f"{who} " in error.where and ("nan" in error.where or "inf" in error.where)
+        assert str(error).endswith("lower the learning rate and reset")
+        assert f"at step {error.step}" in str(error)
+        assert lab.history.diverged_at == error.step and lab.divergence is not None
+        (item,) = seen
+        assert item["step"] == error.step and item["text"] == str(error)
+        stopped = lab.step_count
+        time.sleep(0.3)
+        assert lab.step_count == stopped and lab.state == "diverged"  # paused there
+        row = lab.history.step.index(error.step)  # the marked step holds what is not finite
+        assert not (np.isfinite(lab.history.loss[row]).all()
+                    and np.isfinite(lab.history.values[row]).all())
+        with pytest.raises(DivergenceError, match="lower the learning rate and reset"):
+            lab.run()
+        with pytest.raises(DivergenceError):
+            lab.step(1)
+        lab.set(learning_rate=0.05)
+        lab.reset()
+        assert lab.state == "idle" and lab.divergence is None and lab.error is None
+        lab.step(20)
+        assert all(np.isfinite(float(v["w"])) for v in lab.values())
+        assert lab.history.diverged_at is None
+
+
+def test_a_finite_run_never_reports_divergence(strategy):
+    with ld.Lab(strategy, learning_rate=0.05) as lab:
+        lab.step(50)
+        assert lab.divergence is None and lab.state == "idle"
