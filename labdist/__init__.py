@@ -17,6 +17,7 @@ from labdist.errors import (
     OutOfRangeError,
     ParameterServerLostError,
     PeerAbortedError,
+    QuorumLostError,
     ReplicaDivergenceWarning,
     ReplicaLostError,
     ReplicaUnresponsiveError,
@@ -26,6 +27,7 @@ from labdist.input import InputContext, batches
 from labdist.lab import Lab
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
+    MembershipChange,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
@@ -48,6 +50,7 @@ __all__ = [
     "InputContext",
     "Lab",
     "LabdistError",
+    "MembershipChange",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
@@ -56,6 +59,7 @@ __all__ = [
     "ParameterServerStrategy",
     "PeerAbortedError",
     "PerReplica",
+    "QuorumLostError",
     "ReduceOp",
     "ReplicaContext",
     "ReplicaDivergenceWarning",

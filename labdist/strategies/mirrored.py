@@ -8,6 +8,7 @@ from labdist import checks
 from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
+from labdist.strategies import quorum
 from labdist.strategies.base import Strategy
 
 
@@ -29,13 +30,28 @@ class MirroredStrategy(Strategy):
         sent over a direct socket lane unless Dask uses TLS), "shm" (require shared memory),
         "tcp" (Dask comms only, for collectives and steps), or "nccl" (require NCCL between
         GPU replicas). The values come from collectives/registry.py.
+    fault_tolerance: "none" (a lost worker stops the step with ReplicaLostError) or "quorum":
+        `model.fit` goes on with the replicas alive at each step, undoing and re-running an
+        unfinished step among the survivors, and takes in workers that join at the next step
+        boundary (docs/design.md, "Quorum training").
+    min_replicas: in quorum mode, the fewest replicas training goes on with; below it
+        `QuorumLostError` names the lost workers.
     """
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
-                 transport: str = "auto", _knob: tuple[str, str] | None = None):
+                 transport: str = "auto", fault_tolerance: str = "none",
+                 min_replicas: int = 1, _knob: tuple[str, str] | None = None):
         num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
+        if fault_tolerance not in quorum.FAULT_TOLERANCE:
+            checks.refuse("fault_tolerance", fault_tolerance,
+                          " or ".join(repr(f) for f in quorum.FAULT_TOLERANCE))
+        min_replicas = checks.integer("min_replicas", min_replicas, 1, num_replicas)
+        if fault_tolerance != "quorum" and min_replicas != 1:
+            checks.refuse("min_replicas", min_replicas,
+                          "1 unless fault_tolerance='quorum' (only quorum training goes on "
+                          "with fewer replicas)")
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         transport = registry.parse(transport, "transport")
@@ -49,6 +65,13 @@ class MirroredStrategy(Strategy):
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,
                                           _knob))
+        if fault_tolerance == "quorum":
+            if self.num_replicas_in_sync < min_replicas:
+                have = self.num_replicas_in_sync
+                self.close()
+                checks.refuse("min_replicas", min_replicas,
+                              f"at most the {have} replica(s) this cluster has")
+            self._quorum = quorum.Quorum(min_replicas, num_replicas)
 
     @property
     def workers(self) -> list[str]:

@@ -23,7 +23,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
     def __init__(self, cluster: Any = None, communication: str | None = None, *,
                  transport: str | None = None, num_replicas: int | None = None,
                  device: str = "auto", collective_timeout: float = 30.0,
-                 connect_timeout: float = 10.0, security: Any = None):
+                 connect_timeout: float = 10.0, security: Any = None,
+                 fault_tolerance: str = "none", min_replicas: int = 1):
         if communication is not None and transport is not None:
             raise ValueError(
                 f"communication={communication!r} and transport={transport!r} were both "
@@ -37,7 +38,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         super().__init__(num_replicas=num_replicas, cluster=cluster, device=device,
                          collective_timeout=collective_timeout,
                          connect_timeout=connect_timeout, security=security,
-                         transport=transport, _knob=knob)
+                         transport=transport, fault_tolerance=fault_tolerance,
+                         min_replicas=min_replicas, _knob=knob)
         self._fixed_replicas = num_replicas
 
     def refresh(self) -> bool:

@@ -1,0 +1,157 @@
+"""Quorum training (fault_tolerance="quorum"): `fit` goes on after a real `kill -9` of a
+worker, every surviving copy bit-identical, and a worker that joins becomes a replica at the
+next step boundary with its copies from a live peer (docs/design.md, "Quorum training")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from cli_workers import cli_cluster, kill
+
+import labdist as ld
+from labdist.input import Batches
+from labdist.worker.healing import fingerprint
+
+pytestmark = pytest.mark.cluster
+DIGITS = ld.datasets.digits.load_data()
+
+
+def digits_model(strategy) -> ld.models.Sequential:
+    with strategy.scope():
+        model = ld.models.Sequential([
+            ld.layers.Dense(256, activation="relu", input_shape=(64,)),
+            ld.layers.Dense(10, activation="softmax")])
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=ld.optimizers.Adam(),
+                      metrics=["accuracy"])
+    return model
+
+
+def fingerprints(strategy) -> set[str]:
+    """One digest of every variable copy (weights and optimizer slots) per replica."""
+    return set(strategy.experimental_local_results(strategy.run(fingerprint)))
+
+
+def steps_of(model, strategy, batch_size: int = 64):
+    """fit's own path, a step at a time: (the generator of each step's results, the step)."""
+    (x, y), _ = DIGITS
+    model._ensure_ready(x)
+    step = model._train_step()
+    groups = [[b] for b in Batches((x, y), batch_size, shuffle=True, seed=1)]
+    return strategy.train_model_steps(step, groups, 0), step, len(groups)
+
+
+class KillDuringEpoch(ld.callbacks.Callback):
+    """SIGKILLs `pid` `delay` seconds into epoch `epoch` (mid-epoch: between or inside steps)."""
+
+    def __init__(self, epoch: int, pid: int, delay: float = 0.02):
+        self.epoch, self.pid, self.delay = epoch, pid, delay
+        self.killed_at: float | None = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            def later():
+                time.sleep(self.delay)
+                self.killed_at = time.monotonic()
+                kill(self.pid)
+            threading.Thread(target=later, daemon=True).start()
+
+
+class Gaps(ld.callbacks.Callback):
+    """Records every membership change with when fit's callbacks heard of it."""
+
+    def __init__(self):
+        self.changes = []
+
+    def on_membership_change(self, change):
+        self.changes.append((time.monotonic(), change))
+
+
+def test_kill_one_of_three_mid_fit(tmp_path):
+    (x, y), (x_val, y_val) = DIGITS
+    with cli_cluster(tmp_path, 3) as cluster, ld.MultiWorkerMirroredStrategy(
+            cluster.address, fault_tolerance="quorum", min_replicas=1,
+            collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        victim = strategy.workers[1]
+        killer = KillDuringEpoch(3, cluster.pid_of(victim))
+        heard = Gaps()
+        epochs = 12
+        started = time.monotonic()
+        history = model.fit(x, y, epochs=epochs, batch_size=64, verbose=0,
+                            validation_data=(x_val, y_val), callbacks=[killer, heard])
+        assert killer.killed_at is not None and killer.killed_at > started
+        batches = epochs * -(-len(x) // 64)
+        assert model._iterations == batches  # no step lost, none applied twice
+        assert history.history["val_accuracy"][-1] >= 0.95
+        [change] = strategy.membership_changes
+        assert change.lost == (victim,) and victim not in strategy.workers
+        assert strategy.num_replicas_in_sync == 2 == change.num_replicas
+        assert change.paused_s <= 3.0
+        assert heard.changes and heard.changes[0][1] == change
+        assert heard.changes[0][0] - killer.killed_at <= 3.0  # the measured pause
+        assert len(fingerprints(strategy)) == 1
+
+
+def test_survivors_stay_bit_identical_every_step(tmp_path):
+    """The lost replica is stopped, then killed, while the others wait for it inside a step:
+    the survivors undo that step and run it again among themselves."""
+    with cli_cluster(tmp_path, 3) as cluster, ld.MultiWorkerMirroredStrategy(
+            cluster.address, fault_tolerance="quorum", collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        pid = cluster.pid_of(strategy.workers[2])
+        gen, _, total = steps_of(model, strategy)
+        done = 0
+        gaps = []
+        last = time.monotonic()
+        for out in gen:
+            assert [n for _, _, n in out] == [min(64, len(DIGITS[0][0]) - 64 * done)]
+            done += 1
+            now = time.monotonic()
+            gaps.append(now - last)
+            assert len(fingerprints(strategy)) == 1, f"copies differ after step {done}"
+            last = time.monotonic()
+            if done == 5:
+                os.kill(pid, signal.SIGSTOP)  # the next step waits for it in a collective
+                threading.Timer(0.5, kill, (pid,)).start()
+        assert done == total
+        [change] = strategy.membership_changes
+        assert change.retried and change.step == 5 and strategy.num_replicas_in_sync == 2
+        assert max(gaps) <= 3.0
+
+
+def test_a_joining_worker_becomes_a_replica_within_two_steps(tmp_path):
+    with cli_cluster(tmp_path, 2) as cluster, ld.MultiWorkerMirroredStrategy(
+            cluster.address, fault_tolerance="quorum", collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        heard = []
+        strategy.add_membership_listener(heard.append)
+        gen, step, total = steps_of(model, strategy)
+        done, listed_at, new = 0, None, None
+        for _ in gen:
+            done += 1
+            if done == 3:
+                before = set(cluster.workers())
+                cluster.add_workers(1, wait=False)
+            if done >= 3 and listed_at is None:
+                joined = set(cluster.workers()) - before
+                if joined:
+                    listed_at, [new] = done, joined
+            if new is not None and new in strategy.workers:
+                break
+            assert done < total
+        [change] = heard
+        assert change.joined == (new,) and strategy.num_replicas_in_sync == 3
+        assert change.step - listed_at <= 2
+        assert len(fingerprints(strategy)) == 1
+        for var in [*step.variables(), *(v for d in step.slot_variables() for v in d.values())]:
+            copies = strategy.experimental_local_results(var)
+            assert all(np.array_equal(copies[0], c) for c in copies[1:])
+            assert all(c.tobytes() == copies[0].tobytes() for c in copies)
+        for _ in gen:  # and it trains on with three replicas
+            done += 1
+        assert done == total and len(fingerprints(strategy)) == 1
