@@ -155,3 +155,29 @@ def test_a_joining_worker_becomes_a_replica_within_two_steps(tmp_path):
         for _ in gen:  # and it trains on with three replicas
             done += 1
         assert done == total and len(fingerprints(strategy)) == 1
+
+
+def test_embedded_cluster_shrinks_then_grows_back():
+    """MirroredStrategy's own LocalCluster: its nanny restarts the killed worker, which the
+    next fit takes in again (a replacement is a joining worker)."""
+    (x, y), (x_val, y_val) = DIGITS
+    with ld.MirroredStrategy(num_replicas=3, fault_tolerance="quorum", min_replicas=2,
+                             collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        pids = strategy.experimental_local_results(strategy.run(os.getpid))
+        victim = strategy.workers[2]
+        model.fit(x, y, epochs=6, batch_size=64, verbose=0,
+                  callbacks=[KillDuringEpoch(2, pids[2])])
+        assert victim not in strategy.workers
+        deadline = time.monotonic() + 60
+        while len(strategy.client.scheduler_info(n_workers=-1)["workers"]) < 3:
+            assert time.monotonic() < deadline, "the nanny did not restart the worker"
+            time.sleep(0.1)
+        history = model.fit(x, y, epochs=8, initial_epoch=6, batch_size=64, verbose=0,
+                            validation_data=(x_val, y_val))
+        assert model._iterations == 8 * -(-len(x) // 64)
+        assert strategy.num_replicas_in_sync == 3
+        lost, joined = strategy.membership_changes
+        assert lost.lost == (victim,) and len(joined.joined) == 1
+        assert history.history["val_accuracy"][-1] >= 0.95
+        assert len(fingerprints(strategy)) == 1
