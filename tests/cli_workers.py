@@ -32,9 +32,11 @@ class CLICluster:
 
     def _spawn(self, cmd: list[str]) -> subprocess.Popen:
         self._log_paths.append(self.logs / f"{cmd[1]}-{len(self.procs)}.log")
+        env = {**os.environ, **dict.fromkeys(  # one BLAS thread a process, as a nanny sets
+            ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")}
         with open(self._log_paths[-1], "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         return proc
 

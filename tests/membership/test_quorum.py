@@ -97,11 +97,14 @@ def test_kill_one_of_three_mid_fit(tmp_path):
         assert len(fingerprints(strategy)) == 1
 
 
-def test_survivors_stay_bit_identical_every_step(tmp_path):
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_survivors_stay_bit_identical_every_step(tmp_path, transport):
     """The lost replica is stopped, then killed, while the others wait for it inside a step:
-    the survivors undo that step and run it again among themselves."""
+    the survivors undo that step and run it again among themselves (steps and collectives
+    over the socket lane and shared memory, or over Dask comms alone)."""
     with cli_cluster(tmp_path, 3) as cluster, ld.MultiWorkerMirroredStrategy(
-            cluster.address, fault_tolerance="quorum", collective_timeout=20) as strategy:
+            cluster.address, fault_tolerance="quorum", collective_timeout=20,
+            transport=transport) as strategy:
         model = digits_model(strategy)
         pid = cluster.pid_of(strategy.workers[2])
         gen, _, total = steps_of(model, strategy)
