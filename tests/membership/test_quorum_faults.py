@@ -104,3 +104,21 @@ def test_the_source_of_the_copy_killed(tmp_path):
         lost = {w for c in strategy.membership_changes for w in c.lost}
         joined = {w for c in strategy.membership_changes for w in c.joined}
         assert lost == {source} and joined == {joiner}
+
+
+def test_killed_between_fits_is_left_behind_by_the_next():
+    """A worker killed while no step runs: the next fit's first step finds it lost and the
+    survivors train on (the embedded cluster's nanny may bring a replacement in later)."""
+    (x, y), _ = DIGITS
+    with ld.MirroredStrategy(num_replicas=3, fault_tolerance="quorum",
+                             collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+        pids = strategy.experimental_local_results(strategy.run(os.getpid))
+        victim = strategy.workers[0]
+        kill(pids[0])
+        model.fit(x, y, epochs=2, batch_size=64, verbose=0)
+        assert model._iterations == 3 * -(-len(x) // 64)  # 1 epoch, then 2
+        first = strategy.membership_changes[0]
+        assert first.lost == (victim,)
+        assert len(fingerprints(strategy)) == 1
