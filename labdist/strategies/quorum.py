@@ -148,10 +148,26 @@ def _run_group(strategy, quorum: Quorum, step: Callable, batches: list[tuple],
         survivors = [r for r in range(n) if group.workers[r] not in lost]
         committed = all(events[r].kind == "done" for r in survivors)
         if not committed:
-            membership.rollback(group, run_id, survivors)
+            survivors = _roll_back(group, run_id, survivors, lost)
         _shrink(strategy, quorum, survivors, lost, iteration, started, retried=not committed)
         if committed:
             return events[survivors[0]].value
+
+
+def _roll_back(group, run_id: int, survivors: list[int], lost: set[str]) -> list[int]:
+    """Undo run `run_id` on `survivors`; one lost meanwhile joins `lost` (which this updates)
+    and is left out. Returns the survivors that undid it."""
+    while survivors:
+        try:
+            membership.rollback(group, run_id, survivors)
+            return survivors
+        except Exception:
+            gone = membership.vanished(group, [group.workers[r] for r in survivors], 5.0)
+            if not gone:
+                raise
+            lost |= gone
+            survivors = [r for r in survivors if group.workers[r] not in gone]
+    return survivors  # none left: _shrink names what was lost (below min_replicas)
 
 
 def _shrink(strategy, quorum: Quorum, survivors: list[int], lost: set[str], iteration: int,
@@ -183,8 +199,9 @@ def _below_minimum(group, keep: list[int], lost: set[str], minimum: int):
     raise QuorumLostError(
         f"quorum training lost worker(s) {', '.join(sorted(lost))}: {len(left)} replica(s) "
         f"left ({', '.join(left) or 'none'}), fewer than min_replicas={minimum}. The "
-        "survivors' copies are consistent (the unfinished steps were undone); save them, or "
-        "add workers and call fit again")
+        "survivors' copies are consistent (the unfinished step was undone): "
+        "strategy.recover() re-forms the replicas on them (then save, or call fit again once "
+        "workers are back)")
 
 
 def _grow(strategy, quorum: Quorum, iteration: int) -> None:

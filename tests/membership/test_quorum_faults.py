@@ -54,6 +54,13 @@ def test_below_min_replicas_names_the_lost_worker(tmp_path):
         assert time.monotonic() - started < 20  # no timeout was waited for
         survivor = strategy.workers[1]
         assert survivor in str(info.value)  # what is left is named too
+        deadline = time.monotonic() + 30  # recover() re-forms on the workers Dask lists
+        while victim in cluster.workers():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert strategy.recover()  # the survivor's copies carry on
+        assert strategy.workers == [survivor]
+        assert len(model.get_weights()) == 4
 
 
 def test_a_joiner_killed_while_the_epoch_forms(tmp_path):
