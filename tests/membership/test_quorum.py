@@ -36,12 +36,14 @@ def fingerprints(strategy) -> set[str]:
     return set(strategy.experimental_local_results(strategy.run(fingerprint)))
 
 
-def steps_of(model, strategy, batch_size: int = 64):
-    """fit's own path, a step at a time: (the generator of each step's results, the step)."""
+def steps_of(model, strategy, batch_size: int = 64, per_run: int = 1):
+    """fit's own path, a run of `per_run` steps at a time (steps_per_execution): (the
+    generator of each run's results, the step, how many runs)."""
     (x, y), _ = DIGITS
     model._ensure_ready(x)
     step = model._train_step()
-    groups = [[b] for b in Batches((x, y), batch_size, shuffle=True, seed=1)]
+    batches = list(Batches((x, y), batch_size, shuffle=True, seed=1))
+    groups = [batches[i:i + per_run] for i in range(0, len(batches), per_run)]
     return strategy.train_model_steps(step, groups, 0), step, len(groups)
 
 
@@ -181,3 +183,24 @@ def test_embedded_cluster_shrinks_then_grows_back():
         assert lost.lost == (victim,) and len(joined.joined) == 1
         assert history.history["val_accuracy"][-1] >= 0.95
         assert len(fingerprints(strategy)) == 1
+
+
+def test_a_run_of_several_steps_is_undone_and_run_again_whole(tmp_path):
+    """steps_per_execution=5: the replicas had applied some of a run's steps when a peer was
+    lost; the survivors undo all of them and run the five again."""
+    with cli_cluster(tmp_path, 3) as cluster, ld.MultiWorkerMirroredStrategy(
+            cluster.address, fault_tolerance="quorum", collective_timeout=20) as strategy:
+        model = digits_model(strategy)
+        victim = strategy.workers[1]
+        pid = cluster.pid_of(victim)
+        gen, _, total = steps_of(model, strategy, per_run=5)
+        done = steps = 0
+        for out in gen:
+            done += 1
+            steps += len(out)
+            assert len(fingerprints(strategy)) == 1
+            if done == 2:  # killed after its first steps of the next run
+                threading.Timer(0.003, kill, (pid,)).start()
+        assert done == total and steps == -(-len(DIGITS[0][0]) // 64)
+        [change] = strategy.membership_changes
+        assert change.lost == (victim,) and strategy.num_replicas_in_sync == 2
