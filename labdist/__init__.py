@@ -23,6 +23,7 @@ from labdist.errors import (
     OutOfRangeError,
     ParameterServerLostError,
     PeerAbortedError,
+    QuorumLostError,
     ReplicaDivergenceWarning,
     ReplicaLostError,
     ReplicaUnresponsiveError,
@@ -33,6 +34,7 @@ from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
+    MembershipChange,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
@@ -57,6 +59,7 @@ __all__ = [
     "InputReplicationMode",
     "Lab",
     "LabdistError",
+    "MembershipChange",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",
@@ -65,6 +68,7 @@ __all__ = [
     "ParameterServerStrategy",
     "PeerAbortedError",
     "PerReplica",
+    "QuorumLostError",
     "ReduceOp",
     "ReplicaContext",
     "ReplicaDivergenceWarning",

@@ -51,3 +51,8 @@ class ParameterServerLostError(ReplicaLostError):
 
 class OutOfRangeError(LabdistError, IndexError):
     """A scheduled function asked a per-worker iterator for more than its dataset holds."""
+
+
+class QuorumLostError(ReplicaLostError):
+    """Quorum training lost so many replicas that fewer than `min_replicas` are left; the
+    survivors' copies are consistent (the unfinished step undone on all of them)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from typing import Any
 
@@ -12,7 +13,7 @@ from labdist import shipping
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane import LaneStepChannel, connect_lanes
 from labdist.cluster.sent_functions import SentFunctions
-from labdist.cluster.step_channel import ActorStepChannel, StepChannel
+from labdist.cluster.step_channel import LATE_MARGIN_S, ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.devices import pinning_backend
@@ -28,7 +29,8 @@ class DaskReplicaGroup(ActorGroup):
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
                  collective_timeout: float, connect_timeout: float, security: Any = None,
-                 transport: str = "auto", knob: tuple[str, str] | None = None):
+                 transport: str = "auto", knob: tuple[str, str] | None = None,
+                 workers: list[str] | None = None):
         super().__init__()
         self._settings = (device, collective_timeout, connect_timeout, security, transport, knob)
         self.group = uuid.uuid4().hex
@@ -42,13 +44,17 @@ class DaskReplicaGroup(ActorGroup):
         try:
             self._connect(cluster, num_replicas or (len(pinning_backend(device).visible_gpus())
                                                     or 2), connect_timeout, security, device)
-            self.workers = self._pick_workers(num_replicas, connect_timeout)
+            self.workers = (list(workers) if workers is not None  # a membership epoch's
+                            else self._pick_workers(num_replicas, connect_timeout))
             self.client.register_plugin(CollectivePlugin(), name=PLUGIN_NAME)
             futures = [self._start_actor(Replica, addr, f"labdist-replica-{self.group}-{rank}",
                                          self.group, rank, self.workers, device,
                                          collective_timeout)
                        for rank, addr in enumerate(self.workers)]
-            self.client.gather(futures)
+            if workers is None:
+                self.client.gather(futures)
+            else:  # an epoch's replicas: a worker lost (or frozen) while they start is named
+                self._await_actors(futures, collective_timeout + LATE_MARGIN_S)
             self._keys = [f.key for f in futures]
             self.infos = self._sync(self._all, "info", [()] * len(self.workers))
             self.transport, self.device_transport = self._choose_transports(
@@ -57,6 +63,26 @@ class DaskReplicaGroup(ActorGroup):
         except BaseException:
             self.close()  # stop whatever replicas started, release what we own
             raise
+
+    def _await_actors(self, futures: list, timeout: float) -> None:
+        """Wait for the actors to start; a worker that leaves meanwhile is a ReplicaLostError
+        naming it (its actor would wait for it forever), one silent for `timeout` seconds a
+        ReplicaUnresponsiveError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if all(f.done() for f in futures):
+                self.client.gather(futures)  # raises an actor's own error, if any
+                return
+            time.sleep(0.02)
+            present = set(self.present_workers())
+            gone = [w for w in self.workers if w not in present]
+            if gone:
+                raise ReplicaLostError(f"worker(s) {', '.join(gone)} left the cluster before "
+                                       "their replica started")
+            if time.monotonic() > deadline:
+                late = [w for w, f in zip(self.workers, futures, strict=True) if not f.done()]
+                raise ReplicaUnresponsiveError(
+                    f"the replicas on {', '.join(late)} did not start within {timeout:g} s")
 
     def _choose_transports(self, knob: str, spelled: tuple[str, str]) -> tuple[str, str | None]:
         """For each layer, the first of the registry's candidates (collectives/registry.py)
@@ -123,6 +149,35 @@ class DaskReplicaGroup(ActorGroup):
         new._take_over(self)
         self.close()
         return new
+
+    @property
+    def settings(self) -> tuple:
+        """What a successor on other workers is made with (after num_replicas, cluster)."""
+        return self._settings
+
+    def close_quickly(self, alive: list[int]) -> None:
+        """`close` after a membership change: only the replicas `alive` are asked to let go
+        (the others' workers are gone; asking them would wait for nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with contextlib.suppress(Exception):
+                self._sync(self._close_ranks, alive)
+            if self.steps is not None:
+                self.steps.close()
+                self.steps = None
+        finally:
+            self._release()
+
+    async def _close_ranks(self, ranks: list[int]) -> None:
+        """Ask `ranks` to let go; one that does not answer within the step channel's patience
+        (a frozen worker) is left to Dask, which drops its actor with it."""
+        patience = self.steps.patience if self.steps is not None else None
+        tasks = [asyncio.ensure_future(self.call(r, "close")) for r in ranks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=patience)
+        _settle_tasks(tasks)
 
     @property
     def num_replicas(self) -> int:
@@ -246,10 +301,7 @@ class DaskReplicaGroup(ActorGroup):
     async def _close_all(self) -> None:
         """Ask every replica to let go; one that does not answer within the patience of the
         step channel (a frozen worker) is left to Dask, which drops its actor with it."""
-        patience = self.steps.patience if self.steps is not None else None
-        tasks = [asyncio.ensure_future(self.call(r, "close")) for r in range(len(self.workers))]
-        await asyncio.wait(tasks, timeout=patience)
-        _settle_tasks(tasks)
+        await self._close_ranks(list(range(len(self.workers))))
 
     def _close_actors(self) -> None:
         if self._keys:

@@ -5,8 +5,10 @@ from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.mirrored import MirroredStrategy
 from labdist.strategies.multi_worker import MultiWorkerMirroredStrategy
 from labdist.strategies.one_device import OneDeviceStrategy
+from labdist.strategies.quorum import MembershipChange
 
 __all__ = [
+    "MembershipChange",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "OneDeviceStrategy",

@@ -28,8 +28,10 @@ from labdist.errors import (
 )
 from labdist.input import DistributedDataset, InputContext, shard_bounds
 from labdist.input_pipelines import DatasetsFromFunction, InputOptions
+from labdist.strategies import quorum
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs, uneven_pipelines
+from labdist.strategies.quorum import MembershipChange, Quorum
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
@@ -63,6 +65,7 @@ class Strategy:
         self._running = False  # a run is in progress (on the thread holding the lock)
         self.extended = StrategyExtended(self)
         self._inputs = Inputs(self, getattr(group, "remote_input", False))
+        self._quorum: Quorum | None = None  # fault_tolerance="quorum" (strategies/quorum.py)
         context.register(self)
 
     # -- basics -----------------------------------------------------------------------------------
@@ -95,6 +98,8 @@ class Strategy:
         """Release the replicas, and whatever cluster this strategy started (nothing else)."""
         if not self._closed:
             self._closed = True
+            if self._quorum is not None:
+                self._quorum.close()
             self._group.close()
 
     def __enter__(self):
@@ -381,7 +386,11 @@ class Strategy:
         """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
         (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
         (loss sum, metric sums, samples). `model.fit` calls this; strategies differ in where the
-        step runs. Here: one `run` per group, every replica on its shard of each batch."""
+        step runs. Here: one `run` per group, every replica on its shard of each batch (in
+        quorum mode, each group a transaction over the replicas alive: strategies/quorum.py)."""
+        if self._quorum is not None:
+            yield from quorum.train(self, self._quorum, step, groups, first_iteration)
+            return
         n = self.num_replicas_in_sync
         iteration = first_iteration
         for group in groups:
@@ -394,6 +403,22 @@ class Strategy:
                                        [len(bx) for bx, _ in group], iteration))
             iteration += len(group)
             yield self.experimental_local_results(out)[0]
+
+    @property
+    def membership_changes(self) -> list[MembershipChange]:
+        """Quorum training's membership changes so far, oldest first (empty otherwise)."""
+        return [] if self._quorum is None else list(self._quorum.changes)
+
+    def add_membership_listener(self, fn: Callable[[MembershipChange], Any]
+                                ) -> Callable[[], None]:
+        """Call `fn(change)` (a `MembershipChange`) each time quorum training changes the
+        replicas; returns the function that stops it. Without quorum mode nothing changes
+        them, and `fn` is never called."""
+        if not callable(fn):
+            raise TypeError(f"fn={fn!r} is not allowed; use a callable")
+        if self._quorum is None:
+            return lambda: None
+        return self._quorum.add_listener(fn)
 
     def refresh(self) -> bool:
         """Re-form on the cluster's workers if they changed (MultiWorkerMirroredStrategy);
@@ -422,6 +447,11 @@ class Strategy:
         self._group = group.reform(num_replicas)
         for var_id, host in values.items():
             self._group.create(var_id, host)
+        self._on_new_group()
+
+    def _on_new_group(self) -> None:
+        """Hook: the replicas were re-formed (recover, refresh, a quorum epoch); new replicas
+        start with nothing but the variables, so a strategy sends them its modes here."""
 
 
 def _rebuild_strategy(strategy_id: str, name: str, num_replicas: int) -> Any:

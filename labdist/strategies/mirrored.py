@@ -8,6 +8,7 @@ from labdist import checks
 from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
+from labdist.strategies import quorum
 from labdist.strategies.base import Strategy
 from labdist.strategies.communication import CommunicationModes
 
@@ -37,6 +38,12 @@ class MirroredStrategy(CommunicationModes, Strategy):
         H optimizer steps on its own, then the replicas average their weight change.
     outer_optimizer: with local_steps, what applies that averaged change (DiLoCo:
         `ld.optimizers.SGD(0.7, momentum=0.9, nesterov=True)`; None: plain averaging).
+    fault_tolerance: "none" (a lost worker stops the step with ReplicaLostError) or "quorum":
+        `model.fit` goes on with the replicas alive at each step, undoing and re-running an
+        unfinished step among the survivors, and takes in workers that join at the next step
+        boundary (docs/design.md, "Quorum training").
+    min_replicas: in quorum mode, the fewest replicas training goes on with; below it
+        `QuorumLostError` names the lost workers.
     """
 
     _wrap_single = True  # one replica: run gives one-component PerReplica values, as TF's
@@ -45,9 +52,18 @@ class MirroredStrategy(CommunicationModes, Strategy):
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
                  transport: str = "auto", compression: Any = None, local_steps: int | None = None,
-                 outer_optimizer: Any = None, _knob: tuple[str, str] | None = None):
+                 outer_optimizer: Any = None, fault_tolerance: str = "none",
+                 min_replicas: int = 1, _knob: tuple[str, str] | None = None):
         num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
         modes = self._init_communication(compression, local_steps, outer_optimizer)
+        if fault_tolerance not in quorum.FAULT_TOLERANCE:
+            checks.refuse("fault_tolerance", fault_tolerance,
+                          " or ".join(repr(f) for f in quorum.FAULT_TOLERANCE))
+        min_replicas = checks.integer("min_replicas", min_replicas, 1, num_replicas)
+        if fault_tolerance != "quorum" and min_replicas != 1:
+            checks.refuse("min_replicas", min_replicas,
+                          "1 unless fault_tolerance='quorum' (only quorum training goes on "
+                          "with fewer replicas)")
         if device not in DEVICES:
             raise ValueError(f"device={device!r} is not supported; allowed: {', '.join(DEVICES)}")
         transport = registry.parse(transport, "transport")
@@ -67,9 +83,15 @@ class MirroredStrategy(CommunicationModes, Strategy):
         except BaseException:  # no strategy to hand back: release what it started
             self.close()
             raise
+        if fault_tolerance == "quorum":
+            if self.num_replicas_in_sync < min_replicas:
+                have = self.num_replicas_in_sync
+                self.close()
+                checks.refuse("min_replicas", min_replicas,
+                              f"at most the {have} replica(s) this cluster has")
+            self._quorum = quorum.Quorum(min_replicas, num_replicas)
 
-    def _reform(self, num_replicas: int | None) -> None:
-        super()._reform(num_replicas)
+    def _on_new_group(self) -> None:
         self._send_communication()  # new replicas start without the modes
 
     @property

@@ -27,7 +27,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
                  transport: str | None = None, num_replicas: int | None = None,
                  device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None, compression: Any = None,
-                 local_steps: int | None = None, outer_optimizer: Any = None):
+                 local_steps: int | None = None, outer_optimizer: Any = None,
+                 fault_tolerance: str = "none", min_replicas: int = 1):
         if communication is not None and transport is not None:
             raise ValueError(
                 f"communication={communication!r} and transport={transport!r} were both "
@@ -42,7 +43,8 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
                          collective_timeout=collective_timeout,
                          connect_timeout=connect_timeout, security=security,
                          transport=transport, compression=compression,
-                         local_steps=local_steps, outer_optimizer=outer_optimizer, _knob=knob)
+                         local_steps=local_steps, outer_optimizer=outer_optimizer,
+                         fault_tolerance=fault_tolerance, min_replicas=min_replicas, _knob=knob)
         self._fixed_replicas = num_replicas
 
     def refresh(self) -> bool:

@@ -24,6 +24,10 @@ class Callback:
     def on_train_end(self, logs=None) -> None:
         pass
 
+    def on_membership_change(self, change) -> None:
+        """Quorum training changed the replicas (a `MembershipChange`: lost or joined workers,
+        the new `num_replicas`), between two steps of this `fit`."""
+
     def resume_epoch(self) -> int | None:
         """The epoch `fit` should start at (after `on_train_begin`), or None for no say."""
         return None

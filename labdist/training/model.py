@@ -145,6 +145,8 @@ class Sequential:
         resume = [_call(cb, "resume_epoch") for cb in callbacks]  # e.g. BackupAndRestore
         start = max([initial_epoch, *(e for e in resume if e is not None)])
         steps_before = self._iterations
+        stop_listening = self._strategy.add_membership_listener(  # quorum training's changes
+            lambda change: [_call(cb, "on_membership_change", change) for cb in callbacks])
         try:
             history = self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
                                    validation_data, history)
@@ -157,6 +159,8 @@ class Sequential:
                            f"of this call (epochs {start}..{epochs - 1}) completed before "
                            "this error; the weights hold their updates")
             raise
+        finally:
+            stop_listening()
 
     def _epochs(self, start, epochs, batches, y, batch_size, verbose, callbacks,
                 validation_data, history) -> History:

@@ -26,6 +26,7 @@ from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
+from labdist.worker import handover
 from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
@@ -33,6 +34,7 @@ from labdist.worker.lifetime import DriverWatch, logger
 from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.step_event import StepEvent, encode, step_error
 from labdist.worker.step_report import StepLog, StepReporter
+from labdist.worker.undo import UndoLog
 
 __all__ = ["Replica", "ReplicaCore", "StepEvent"]
 
@@ -55,6 +57,7 @@ class ReplicaCore:
         self._resume: queue.SimpleQueue = queue.SimpleQueue()
         self._event: Future | None = None
         self.steps = step_log  # where the dashboard's reports come from, if anywhere
+        self.undo: UndoLog | None = None  # quorum training: each run's starting state
         self._thread = threading.Thread(target=self._step_loop, daemon=True,
                                         name=f"labdist-replica-{rank}")
         self._thread.start()
@@ -153,6 +156,8 @@ class ReplicaCore:
             if job is None:
                 return
             run_id, fn, args, kwargs, steps = job
+            if self.undo is not None:
+                self.undo.keep(self.values, run_id)
             self.comm.start_run(run_id)
             ctx = ReplicaContext(self, run_id)
             start = time.time()
@@ -310,6 +315,28 @@ class Replica:
         if self._lane is not None:
             self._lane.close()
             self._lane = None
+
+    # -- quorum training (cluster/membership.py) -------------------------------------------------
+    async def keep_undo(self) -> None:
+        """From now on, snapshot the variables at the start of every run (UndoLog)."""
+        if self.core.undo is None:
+            self.core.undo = UndoLog()
+
+    async def rollback(self, run_id: int) -> bool:
+        """Return to the state before run `run_id` (False: this replica never started it)."""
+        return self.core.undo is not None and self.core.undo.restore(self.core.values, run_id)
+
+    async def handover(self, token: str) -> None:
+        """Park this replica's copies in the process for its successor (`adopt`)."""
+        handover.park(token, self.core.values)
+
+    async def adopt(self, token: str) -> int:
+        """Take the copies a predecessor on this worker parked; how many there were."""
+        values = handover.take(token)
+        if values is None:
+            raise RuntimeError(f"{self.where} found no variables handed over to it ({token})")
+        self.core.values = values
+        return len(values)
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
