@@ -181,8 +181,10 @@ class NetnsCluster:
         script = f'mount -t tmpfs -o size={SHM_SIZE} tmpfs /dev/shm && exec "$@"'
         self.logs.append(self._log_dir / f"{name}.log")
         # the tests' own modules importable there, as on a LocalCluster's workers (steps
-        # defined in a test module are pickled by reference)
-        path = [str(Path(__file__).parent), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+        # defined in a test module are pickled by reference): tests/ and its folders
+        here = Path(__file__).parent
+        tests = [here, *sorted(d for d in here.iterdir() if d.is_dir() and d.name[0] != "_")]
+        path = [*map(str, tests), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         with open(self.logs[-1], "wb") as log:
             self.procs.append(subprocess.Popen(
