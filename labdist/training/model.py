@@ -18,6 +18,7 @@ from labdist.input import Batches, shard_bounds
 from labdist.training import fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
+from labdist.training.placed_input import placed_arrays
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -120,8 +121,7 @@ class Sequential:
         callbacks = fit_checks.callbacks(callbacks)
         validation_data = fit_checks.validation(self, validation_data)
         verbose = check_verbose(verbose)
-        batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
-                          seed=self.seed)
+        batch_size = _positive_int("batch_size", batch_size)
         history = History()
         self.stop_training = False
         self._strategy.refresh()  # multi-worker: train on the workers present now
@@ -133,8 +133,10 @@ class Sequential:
         start = max([initial_epoch, *(e for e in resume if e is not None)])
         steps_before = self._iterations
         try:
-            return self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
-                                validation_data, history)
+            with placed_arrays(self._strategy, x, y) as data:  # sent once, not every step
+                batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
+                return self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
+                                    validation_data, history)
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
                            f"of this call (epochs {start}..{epochs - 1}) completed before "
