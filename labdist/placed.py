@@ -13,6 +13,7 @@ A process keeps the mappings of files that still exist (the driver removes its f
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import tempfile
 from typing import Any
@@ -87,12 +88,21 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
         path, shape, dtype = source
         for old in [s for s in _mapped if not os.path.exists(s[0])]:
             del _mapped[old]  # its fit ended: drop the mapping
-        if int(np.prod(shape)) == 0:
-            array = np.empty(shape, np.dtype(dtype))
-        else:
-            array = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=tuple(shape))
+        array = _map(path, tuple(shape), np.dtype(dtype))
         _mapped[source] = array
-    return np.array(array[index])  # a copy: the step may keep or change it
+    return array[index]  # fancy indexing copies: the step may keep or change its rows
+
+
+def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The file as a read-only array, its pages mapped in at once (MAP_POPULATE: one
+    system call, not a page fault per 4 KiB as the steps first touch them)."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ)
+    return np.frombuffer(mm, dtype).reshape(shape)
 
 
 def readable(probes: list[tuple[tuple, str]]) -> bool:
