@@ -98,7 +98,7 @@ class TestAllReduce:
         for i in range(3):
             first = results[0][i]
             assert all(np.array_equal(first, r[i]) for r in results[1:])
-            stacked = np.stack([v[i] for v in xs.values])
+            stacked = np.stack(list(xs[i].values))  # a nest of PerReplica, as TF gives
             expected = stacked.sum(axis=0) if op == "SUM" else stacked.sum(axis=0) / n
             np.testing.assert_allclose(first, expected, rtol=1e-5)
             assert first.shape == stacked.shape[1:]
