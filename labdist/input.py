@@ -16,6 +16,7 @@ import numpy as np
 
 from labdist import nest
 from labdist.errors import OutOfRangeError
+from labdist.placed import PlacedArray
 from labdist.values import PerReplica
 
 
@@ -229,7 +230,8 @@ class Batches:
                 f"global_batch_size={global_batch_size!r} must be a positive integer"
             )
         leaves, self._treedef = nest.flatten(arrays)
-        self._arrays = [np.asarray(a) for a in leaves]
+        # placed arrays (labdist/placed.py) stay as they are: their rows travel as indices
+        self._arrays = [a if isinstance(a, PlacedArray) else np.asarray(a) for a in leaves]
         lengths = {a.shape[0] if a.ndim else None for a in self._arrays}
         if None in lengths or len(lengths) != 1:
             raise ValueError(

@@ -4,6 +4,9 @@ line it prints last. Only the standard library and numpy, so it runs under any i
 
 The model is the same everywhere: MLP 784-512-10 (ReLU, softmax), SGD(0.01), sparse
 categorical cross-entropy, float32; `--batch` is the global batch of one step.
+bench_scale.py varies two things through the environment (runners that support them say so
+in their docstring): LABDIST_BENCH_REPLICAS (replicas / processes, default 2) and
+LABDIST_BENCH_HIDDEN (the hidden layers' widths, comma-separated, default 512).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
-FEATURES, HIDDEN, CLASSES = 784, 512, 10
+FEATURES, CLASSES = 784, 10
+LAYERS = tuple(int(w) for w in os.environ.get("LABDIST_BENCH_HIDDEN", "512").split(","))
+HIDDEN = LAYERS[0]  # runners with one hidden layer only (numpy_one, tf_custom, labdist's loop)
 LEARNING_RATE = 0.01
-REPLICAS = 2
+REPLICAS = int(os.environ.get("LABDIST_BENCH_REPLICAS", "2"))
 
 
 def parse(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None

@@ -1,4 +1,5 @@
-"""labdist on 2 replicas (MirroredStrategy, an embedded LocalCluster of 2 worker processes):
+"""labdist on 2 replicas (MirroredStrategy, an embedded LocalCluster of 2 worker processes;
+`--mode fit` takes LABDIST_BENCH_REPLICAS replicas and LABDIST_BENCH_HIDDEN layers, _common.py):
 `--mode fit` trains with `model.fit` (`--spe`: steps_per_execution); `--mode loop` is a user's
 custom loop in README style: variables made under the scope, a step function that computes
 its shard's gradients with labdist.training's building blocks and applies them with
@@ -18,7 +19,18 @@ import inspect
 import itertools
 
 import numpy as np
-from _common import CLASSES, HIDDEN, LEARNING_RATE, REPLICAS, data, emit, fail, parse, timed_passes
+from _common import (
+    CLASSES,
+    HIDDEN,
+    LAYERS,
+    LEARNING_RATE,
+    REPLICAS,
+    data,
+    emit,
+    fail,
+    parse,
+    timed_passes,
+)
 
 import labdist as ld
 from labdist.training import layers, losses
@@ -72,9 +84,9 @@ def run_k_steps(strategy, iterator, k: int):
 
 def fit_runner(strategy, x, y, args):
     with strategy.scope():
-        model = ld.models.Sequential([ld.layers.Dense(HIDDEN, activation="relu",
-                                                      input_shape=(x.shape[1],)),
-                                      ld.layers.Dense(CLASSES, activation="softmax")])
+        hidden = [ld.layers.Dense(w, activation="relu") for w in LAYERS]
+        hidden[0] = ld.layers.Dense(LAYERS[0], activation="relu", input_shape=(x.shape[1],))
+        model = ld.models.Sequential([*hidden, ld.layers.Dense(CLASSES, activation="softmax")])
         model.compile(loss="sparse_categorical_crossentropy",
                       optimizer=ld.optimizers.SGD(LEARNING_RATE), steps_per_execution=args.spe)
 
@@ -129,6 +141,7 @@ def main() -> None:
         run(max(unit, args.warmup // unit * unit))
         rates = timed_passes(lambda: run(args.steps), args.steps, args.passes)
         emit(rates, mode=args.mode, spe=args.spe, steps_per_call=args.steps_per_call,
+             replicas=REPLICAS, layers=LAYERS,
              transport=strategy.transport, k_steps_api=has_k_steps(strategy))
 
 

@@ -1,5 +1,6 @@
 """Baseline: torch DistributedDataParallel, gloo, 2 processes x 1 thread on this host, each on
-its half of every global batch (the usual per-step loop). Runs under a torch interpreter (never
+its share of every global batch (the usual per-step loop); LABDIST_BENCH_REPLICAS processes
+and LABDIST_BENCH_HIDDEN layers where given (_common.py). Runs under a torch interpreter (never
 a labdist dependency): LABDIST_BENCH_TORCH_PY. Rank 0 times the steps between barriers.
 
 Run: `/path/to/torch/python bench/baselines/torch_ddp.py --batch 64 --steps 300`.
@@ -11,7 +12,7 @@ import os
 import socket
 import sys
 
-from _common import REPLICAS, data, emit, parse, timed_passes
+from _common import LAYERS, REPLICAS, data, emit, parse, timed_passes
 from torch_one import model, trainer
 
 
@@ -30,7 +31,7 @@ def worker(rank: int, args, port: int, results) -> None:
                             world_size=REPLICAS)
     try:
         x, y = data(args.batch * args.steps)
-        half = args.batch // REPLICAS
+        half = args.batch // REPLICAS  # this rank's share
         # this rank's shard of each global batch, laid out batch after batch
         x = x.reshape(args.steps, args.batch, -1)[:, rank * half:(rank + 1) * half]
         y = y.reshape(args.steps, args.batch)[:, rank * half:(rank + 1) * half]
@@ -63,7 +64,8 @@ def main() -> None:
     mp.start_processes(worker, args=(args, free_port(), results), nprocs=REPLICAS,
                        start_method="spawn")
     rates, version = results.get()
-    emit(rates, torch=version, processes=REPLICAS, threads_per_process=1, backend="gloo")
+    emit(rates, torch=version, processes=REPLICAS, threads_per_process=1, backend="gloo",
+         layers=LAYERS)
 
 
 if __name__ == "__main__":

@@ -6,15 +6,19 @@ Run: `/path/to/torch/python bench/baselines/torch_one.py --batch 64 --steps 300`
 
 from __future__ import annotations
 
-from _common import CLASSES, FEATURES, HIDDEN, LEARNING_RATE, data, emit, parse, timed_passes
+import itertools
+
+from _common import CLASSES, FEATURES, LAYERS, LEARNING_RATE, data, emit, parse, timed_passes
 
 
 def model(torch):
-    """784-512-10, ReLU; softmax + cross-entropy fused in the loss (on logits), as Keras'
-    softmax layer + sparse categorical cross-entropy compute it."""
+    """784-512-10 (or the LAYERS given), ReLU; softmax + cross-entropy fused in the loss (on
+    logits), as Keras' softmax layer + sparse categorical cross-entropy compute it."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, CLASSES))
+    widths, stack = (FEATURES, *LAYERS), []
+    for n_in, n_out in itertools.pairwise(widths):
+        stack += [torch.nn.Linear(n_in, n_out), torch.nn.ReLU()]
+    return torch.nn.Sequential(*stack, torch.nn.Linear(widths[-1], CLASSES))
 
 
 def trainer(torch, net, x, y, batch: int, steps: int):

@@ -12,7 +12,7 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster, Security
 
-from labdist.cluster import capacity
+from labdist.cluster import capacity, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
@@ -37,6 +37,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
             f"num_replicas={n_workers} but {len(gpus)} GPU(s) are visible "
             f"(CUDA_VISIBLE_DEVICES entries {', '.join(gpus)}): each replica needs a GPU of "
             f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
+    threads.export(n_workers)  # BLAS threads: the cores split among the replicas
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which makes numpy temporaries ~2x slower.
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,

@@ -17,6 +17,7 @@ import numpy as np
 
 from labdist import aggregation
 from labdist.aggregation import Aggregation
+from labdist.collectives import shared
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.errors import CollectiveMismatchError
 
@@ -80,7 +81,7 @@ def all_reduce(comm, seq: int, kind: str, arrays: list[Any], op: Op, backend) ->
     host = [backend.to_host(a) for a in arrays]
     sig = signature(kind, host)
     if (comm.world > 1 and not agg.first_only
-            and sum(a.nbytes for a in host) >= DIRECT_MAX_BYTES):
+            and sum(a.nbytes for a in host) >= shared.segment_min_bytes(comm, DIRECT_MAX_BYTES)):
         reduced = _reduce_scatter_all_gather(comm, seq, kind, sig, host, agg)
     else:
         got = comm.exchange(seq, sig, host, kind)
@@ -118,7 +119,8 @@ def reduce_scatter_apply(comm, seq: int, kind: str, arrays: list[Any], targets: 
     """
     flats = [a.reshape(-1) for a in arrays]
     nbytes = sum(a.nbytes for a in arrays)
-    if comm.world == 1 or backend.is_device or nbytes < DIRECT_MAX_BYTES:
+    if (comm.world == 1 or backend.is_device
+            or nbytes < shared.segment_min_bytes(comm, DIRECT_MAX_BYTES)):
         for i, summed in enumerate(all_reduce(comm, seq, kind, flats, ReduceOp.SUM, backend)):
             apply(i, 0, summed.size, summed)
         return False
@@ -146,15 +148,23 @@ def _bounds(size: int, world: int) -> list[int]:
 
 def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:
     """Reduce-scatter `flats` (reduce_into fills this rank's segment of each of `outs`), then
-    all-gather the segments of `outs`."""
+    all-gather the segments of `outs`. Where peers read each other's messages in place
+    (shared.py), every rank publishes its whole arrays once and reads its segment of each."""
     me = comm.rank
     bounds = [_bounds(f.size, comm.world) for f in flats]
-    outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
-                for d in range(comm.world)]
-    got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
-    check_signatures([s for s, _ in got], kind)
+    if shared.shared_reads(comm):
+        got = comm.exchange(seq, sig, flats, kind, phase=0)
+        check_signatures([s for s, _ in got], kind)
+        mine = [[a[b[me]:b[me + 1]] for a, b in zip(payload, bounds, strict=True)]
+                for _, payload in got]
+    else:
+        outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
+                    for d in range(comm.world)]
+        got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
+        check_signatures([s for s, _ in got], kind)
+        mine = [payload for _, payload in got]
     for i, b in enumerate(bounds):
-        reduce_into(i, b[me], b[me + 1], [payload[i] for _, payload in got])
+        reduce_into(i, b[me], b[me + 1], [payload[i] for payload in mine])
     _gather(comm, seq, kind, outs, phase=1)
 
 

@@ -18,6 +18,7 @@ from labdist.input import Batches, shard_bounds
 from labdist.training import diloco, fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
+from labdist.training.placed_input import placed_arrays
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
 from labdist.values import PerReplica
@@ -133,8 +134,7 @@ class Sequential:
         callbacks = fit_checks.callbacks(callbacks)
         validation_data = fit_checks.validation(self, validation_data)
         verbose = check_verbose(verbose)
-        batches = Batches((x, y), _positive_int("batch_size", batch_size), shuffle=shuffle,
-                          seed=self.seed)
+        batch_size = _positive_int("batch_size", batch_size)
         history = History()
         self.stop_training = False
         self._strategy.refresh()  # multi-worker: train on the workers present now
@@ -148,8 +148,10 @@ class Sequential:
         stop_listening = self._strategy.add_membership_listener(  # quorum training's changes
             lambda change: [_call(cb, "on_membership_change", change) for cb in callbacks])
         try:
-            history = self._epochs(start, epochs, batches, y, batch_size, verbose, callbacks,
-                                   validation_data, history)
+            with placed_arrays(self._strategy, x, y) as data:  # sent once, not every step
+                batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
+                history = self._epochs(start, epochs, batches, y, batch_size, verbose,
+                                       callbacks, validation_data, history)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
                 slots = [d for layer in self._slots for d in layer.values()]
                 self._strategy.run(diloco.finish_round, args=(self._outer, self.weights, slots))

@@ -79,6 +79,9 @@ class ShmTransport:
         self._peer_words: dict[int, list[np.ndarray]] = {}
         self._peer_controls: list[area.Mapping] = []
         self._peer_data: dict[int, area.Mapping] = {}
+        # (peer, slot) -> (meta bytes, (sig, arrays)): a peer's last message of arrays in that
+        # slot, parsed; the same meta again means the same arrays at the same places
+        self._parsed: dict[tuple[int, int], tuple[bytes, tuple[Any, list]]] = {}
         self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
         self._full = False  # the last message did not fit (warned once until one fits)
         self._runs = self._peak = 0  # since the last review: runs, largest area needed
@@ -144,6 +147,7 @@ class ShmTransport:
             self._publish(k % 2, stamp, (sig, message))
         except area.NoSpace as e:
             self._send_by_dask(k % 2, stamp, seq, phase, sig, payload, what, per_peer, e)
+        self._wait_all(k % 2, stamp, seq, phase, what)
         got: list[tuple[Any, Any]] = []
         for r in range(world):
             if r == rank:
@@ -173,7 +177,17 @@ class ShmTransport:
         words = self._words[slot]
         words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta))
         words[0] = stamp  # last: peers may read everything above once they see it
-        self._bell.ring()
+        self._ring_if_last(slot, stamp)
+
+    def _ring_if_last(self, slot: int, stamp: int) -> None:
+        """Wake the peers only if every one has published this message already: the others
+        wait for all stamps (`_wait_all`), so earlier rings would only wake them to sleep again
+        (with N replicas on fewer cores, N^2 wake-ups a message). Two ranks that publish at
+        once may each miss the other's stamp; then both stay silent and the waiters find the
+        stamps at their next poll timeout (MAX_POLL_MS), so nothing hangs."""
+        peers = self._peer_words
+        if all(words[slot][0] >= stamp for words in peers.values()):
+            self._bell.ring()
 
     def _send_by_dask(self, slot, stamp, seq, phase, sig, payload, what, per_peer, error):
         """Send this message over Dask comms: the stamp first, so that a peer that finds it in
@@ -208,11 +222,26 @@ class ShmTransport:
         data = self._peer_data.get(r)
         if data is None or data.nonce != nonce:
             if data is not None:
+                self._forget_parsed(r)  # its views would keep the old mapping alive
                 data.close()
             path = area.name(self._peer_prefix[r], nonce, f"-data{generation}")
             data = self._peer_data[r] = area.Mapping(path, size, create=False)
             data.nonce = nonce
-        inner, sizes = pickle.loads(bytes(data.bytes[meta_off:meta_off + meta_len]))
+        meta = bytes(data.bytes[meta_off:meta_off + meta_len])
+        parsed = self._parsed.get((r, slot))
+        if parsed is not None and parsed[0] == meta:  # the views see the new contents
+            sig, arrays = parsed[1]
+            return sig, list(arrays)
+        sig, payload = self._parse(data, slot, size, meta)
+        if (not per_peer and type(payload) is list
+                and all(type(a) is np.ndarray for a in payload)):
+            self._parsed[(r, slot)] = (meta, (sig, list(payload)))
+        return sig, payload[self.endpoint.rank] if per_peer else payload
+
+    @staticmethod
+    def _parse(data: area.Mapping, slot: int, size: int, meta: bytes) -> tuple[Any, Any]:
+        """A message's (sig, payload), its arrays read-only views of the peer's area."""
+        inner, sizes = pickle.loads(meta)
         base = slot * (size // 2)
         offsets, _ = area.layout(sizes)
         views = []
@@ -220,8 +249,17 @@ class ShmTransport:
             view = data.bytes[base + off:base + off + n].view()
             view.flags.writeable = False
             views.append(memoryview(view))
-        sig, payload = pickle.loads(inner, buffers=views)
-        return sig, payload[self.endpoint.rank] if per_peer else payload
+        return pickle.loads(inner, buffers=views)
+
+    def _forget_parsed(self, r: int) -> None:
+        for slot in (0, 1):
+            self._parsed.pop((r, slot), None)
+
+    def _wait_all(self, slot, stamp, seq, phase, what) -> None:
+        """Wait until every peer's stamp for this message is there (the last one rings)."""
+        for r, words in self._peer_words.items():
+            if words[slot][0] < stamp:
+                self._wait(r, words[slot], stamp, seq, phase, what)
 
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
         """Sleep until the peer's stamp arrives (its doorbell wakes us: shm_wake.py); between
@@ -314,6 +352,7 @@ class ShmTransport:
         self._words = []
         self._bell.close()
         self._peer_words.clear()
+        self._parsed.clear()  # parsed views would keep the peers' mappings alive
         mapped = [m for m in ours if not self._remove(m)]
         mapped += [m for m in [*self._peer_data.values(), *self._peer_controls] if not m.close()]
         self._peer_data.clear()

@@ -1,0 +1,144 @@
+"""Arrays placed once where the replicas run, so that a training batch travels as row
+indices, not rows. On one host the driver writes each array once to a file in /dev/shm; a
+replica maps it the first time a batch names it, and a batch's rows (`PlacedRows`) unpickle
+on the replica as the rows themselves (a numpy array, copied out of the mapping). Nothing else
+changes: the step gets the same arrays it got before, in the same order.
+
+Placement is only used where every replica reads the driver's file (`readable`, checked once
+per `fit`); elsewhere the batches travel as before. LABDIST_PLACE_INPUT=0 turns it off.
+A process keeps the mappings of files that still exist (the driver removes its files when
+`fit` ends), so a worker holds at most the arrays of the fits in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "labdist-input-"
+ENV = "LABDIST_PLACE_INPUT"
+
+_mapped: dict[tuple, np.ndarray] = {}  # (path, shape, dtype) -> the mapped array, per process
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip() not in ("0", "false", "no", "off")
+
+
+class PlacedArray:
+    """An array written once to a file under /dev/shm (driver side). Indexing it gives
+    `PlacedRows`, which carry indices only."""
+
+    def __init__(self, array: np.ndarray):
+        array = np.ascontiguousarray(array)
+        fd, self.path = tempfile.mkstemp(prefix=PREFIX, dir=SHM_DIR)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(memoryview(array).cast("B") if array.size else b"")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+        self.source = (self.path, self.shape, self.dtype.str)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> PlacedRows:
+        if isinstance(index, slice):
+            index = np.arange(self.shape[0])[index]
+        return PlacedRows(self.source, np.asarray(index, dtype=np.int64))
+
+    def close(self) -> None:
+        """Remove the file (replicas that mapped it keep their mapping until they drop it)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+class PlacedRows:
+    """Rows `index` of a placed array: small to pickle, and an ndarray once unpickled."""
+
+    def __init__(self, source: tuple, index: np.ndarray):
+        self.source, self.index = source, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, index: slice) -> PlacedRows:
+        return PlacedRows(self.source, self.index[index])
+
+    def __reduce__(self):
+        return rows, (self.source, self.index)
+
+    def rows(self) -> np.ndarray:
+        return rows(self.source, self.index)
+
+
+def rows(source: tuple, index: np.ndarray) -> np.ndarray:
+    """The rows `index` of the placed array `source`, mapped in this process on first use."""
+    array = _mapped.get(source)
+    if array is None:
+        path, shape, dtype = source
+        for old in [s for s in _mapped if not os.path.exists(s[0])]:
+            del _mapped[old]  # its fit ended: drop the mapping
+        array = _map(path, tuple(shape), np.dtype(dtype))
+        _mapped[source] = array
+    return array[index]  # fancy indexing copies: the step may keep or change its rows
+
+
+def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The file as a read-only array, its pages mapped in at once (MAP_POPULATE: one
+    system call, not a page fault per 4 KiB as the steps first touch them)."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ)
+    return np.frombuffer(mm, dtype).reshape(shape)
+
+
+def readable(probes: list[tuple[tuple, str]]) -> bool:
+    """Whether this process reads every placed file (and its first bytes match): run on each
+    replica before placement is relied on."""
+    for (path, shape, dtype), first in probes:
+        try:
+            with open(path, "rb") as f:
+                if f.read(8).hex() != first:
+                    return False
+            if os.path.getsize(path) != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def probe(placed: list[PlacedArray]) -> list[tuple[tuple, str]]:
+    """What `readable` checks for `placed`, read here (the driver)."""
+    out = []
+    for p in placed:
+        with open(p.path, "rb") as f:
+            out.append((p.source, f.read(8).hex()))
+    return out
+
+
+def place(arrays: list[np.ndarray]) -> list[PlacedArray] | None:
+    """Each array written once to /dev/shm; None where that is not possible here."""
+    if not enabled() or not os.path.isdir(SHM_DIR):
+        return None
+    placed: list[PlacedArray] = []
+    try:
+        for a in arrays:
+            placed.append(PlacedArray(a))
+    except OSError:
+        for p in placed:
+            p.close()
+        return None
+    return placed

@@ -1,0 +1,38 @@
+"""`fit(x, y)`'s data placed once where the replicas run (labdist/placed.py), so that each
+step sends row indices instead of rows: the driver no longer pickles and sends every group's
+batches, and the replicas no longer wait for them. The batches, their order and their shards
+are exactly those of unplaced data (the same `Batches`, holding placed arrays)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from labdist import placed
+from labdist.strategies.base import Strategy
+
+
+@contextlib.contextmanager
+def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[Any, Any]]:
+    """(x, y) as placed arrays while the block runs, where the strategy's mirrored replicas
+    all read the driver's /dev/shm; else (x, y) as given. The files go when the block ends."""
+    if (type(strategy).train_model_steps is not Strategy.train_model_steps
+            or strategy.num_replicas_in_sync < 2):
+        yield x, y  # in-process replicas, or parameter servers (their own input path)
+        return
+    arrays = placed.place([x, y])
+    if arrays is None:
+        yield x, y
+        return
+    try:
+        seen = strategy.run(placed.readable, args=(placed.probe(arrays),))
+        if all(strategy.experimental_local_results(seen)):
+            yield arrays[0], arrays[1]
+        else:  # some replica is on another host
+            yield x, y
+    finally:
+        for a in arrays:
+            a.close()

@@ -1,0 +1,84 @@
+"""fit(x, y)'s data placed once in /dev/shm (labdist/placed.py): each step then sends row
+indices, yet trains on exactly the batches of unplaced data, in TF's order for the seed."""
+
+from __future__ import annotations
+
+import glob
+import pickle
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist import placed
+from labdist.input import Batches
+
+
+def data(n=203):
+    rng = np.random.default_rng(0)
+    return rng.random((n, 20), dtype=np.float32), rng.integers(0, 3, n)
+
+
+def model(strategy):
+    with strategy.scope():
+        m = ld.models.Sequential([ld.layers.Dense(16, activation="relu", input_shape=(20,)),
+                                  ld.layers.Dense(3, activation="softmax")])
+        m.compile(loss="sparse_categorical_crossentropy", optimizer=ld.optimizers.SGD(0.1),
+                  steps_per_execution=2)
+    return m
+
+
+def mapped_on_replicas(strategy) -> list[int]:
+    return list(strategy.experimental_local_results(
+        strategy.run(lambda: len(placed._mapped))))
+
+
+def test_placed_batches_are_today_s_batches_in_the_same_order():
+    x, y = data()
+    arrays = placed.place([x, y])
+    try:
+        plain = Batches((x, y), 32, shuffle=True, seed=7)
+        moved = Batches(tuple(arrays), 32, shuffle=True, seed=7)
+        for _epoch in range(2):  # a new order each pass, the same on both
+            for (bx, by), (px, py) in zip(plain, moved, strict=True):
+                assert isinstance(px, placed.PlacedRows)
+                wire = pickle.loads(pickle.dumps(px))  # what a replica gets
+                assert wire.tobytes() == bx.tobytes()
+                np.testing.assert_array_equal(py.rows(), by)
+                shard = px[3:9]  # how the strategy splits a batch among replicas
+                assert pickle.loads(pickle.dumps(shard)).tobytes() == bx[3:9].tobytes()
+        rows = moved._batch(np.arange(len(x)), 0)[0]
+        assert len(pickle.dumps(rows)) < x[:32].nbytes / 2  # indices, not rows
+    finally:
+        for a in arrays:
+            a.close()
+
+
+def test_fit_on_placed_data_trains_exactly_as_unplaced(monkeypatch, mirrored2):
+    x, y = data()
+    results = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(placed.ENV, flag)
+        before = set(glob.glob(f"{placed.SHM_DIR}/{placed.PREFIX}*"))
+        m = model(mirrored2)
+        history = m.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0)
+        results[flag] = (m.get_weights(), history.history["loss"])
+        assert set(glob.glob(f"{placed.SHM_DIR}/{placed.PREFIX}*")) == before  # removed
+        if flag == "1":
+            assert all(n >= 2 for n in mapped_on_replicas(mirrored2))  # x and y were mapped
+    (w0, loss0), (w1, loss1) = results["0"], results["1"]
+    assert loss0 == loss1
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(w0, w1, strict=True))
+
+
+def test_a_replica_drops_the_mappings_of_finished_fits(mirrored2):
+    x, y = data(64)
+    for _ in range(3):
+        model(mirrored2).fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert all(n <= 2 for n in mapped_on_replicas(mirrored2))  # only the last fit's x, y
+
+
+@pytest.mark.parametrize("flag", ["0", "off"])
+def test_the_switch_turns_placement_off(monkeypatch, flag):
+    monkeypatch.setenv(placed.ENV, flag)
+    assert placed.place([np.zeros(3)]) is None
