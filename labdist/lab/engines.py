@@ -81,7 +81,7 @@ class MirroredEngine:
         self._sets: dict[tuple[Sync, Agg], dict[str, Variable]] = {}
         self.variables: dict[str, Variable] | None = None
         self._latest: list[np.ndarray] | None = None  # every copy, as the last step left it
-        self.quorum = getattr(strategy, "_quorum", None) is not None  # fault_tolerance="quorum"
+        self.quorum = strategy.fault_tolerance == "quorum"
         self._changes: list[tuple[MembershipChange, list[str]]] = []
         self._workers = list(strategy.workers)
         self._stop_listening = strategy.add_membership_listener(self._heard)

@@ -16,7 +16,7 @@ MAX_ADDED = 2  # replicas add_replica may add beyond the starting count (a trace
 class Replicas:
     def __init__(self, strategy: Any, num_replicas: int):
         self.strategy = strategy
-        self.quorum = getattr(strategy, "_quorum", None) is not None
+        self.quorum = getattr(strategy, "fault_tolerance", "none") == "quorum"
         self.slots = num_replicas + (MAX_ADDED if self.quorum else 0)
         self._added = 0
 

@@ -404,6 +404,11 @@ class Strategy:
             iteration += len(group)
             yield self.experimental_local_results(out)[0]
 
+    @property
+    def fault_tolerance(self) -> str:
+        """"quorum" (training goes on among the replicas alive) or "none"."""
+        return "none" if self._quorum is None else "quorum"
+
     def run_transaction(self, fn: Callable, args_for: Callable[[int], tuple],
                         step: int = 0) -> list[Any]:
         """Run `fn(*args_for(n))` once on each of the n replicas and return each replica's

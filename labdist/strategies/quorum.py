@@ -268,10 +268,10 @@ def _grow(strategy, quorum: Quorum, iteration: int) -> None:
 def add_local_worker(strategy, quorum: Quorum) -> None:
     """Start one more worker on the strategy's embedded cluster and let the group grow by
     one: it becomes a replica at the next step boundary (a join, as any other)."""
-    cluster = strategy._group._owned_cluster
-    if cluster is None:
-        raise RuntimeError("this strategy runs on a cluster it did not start: add a worker "
-                           "to that cluster (dask worker ...) and it joins at the next step")
     if quorum.max_replicas is not None:  # None: every worker already
         quorum.max_replicas += 1
-    cluster.scale(len(cluster.worker_spec) + 1)
+    try:
+        strategy._group.add_local_worker()
+    except BaseException:
+        quorum.max_replicas = None if quorum.max_replicas is None else quorum.max_replicas - 1
+        raise

@@ -59,8 +59,8 @@ def test_kill_a_replica_mid_run_the_others_go_on():
                 global_batch_size=8, learning_rate=1.0) as lab:
         lab.run(200)
         wait_for(lambda: lab.step_count >= 10, 60, "the run did not start")
+        killed_at = lab.step_count  # the step in flight comes after this many
         lab.kill_replica(1)
-        killed_at = lab.step_count
         lab.wait(timeout=120)
         assert lab.step_count == 200
         lost = [e for e in lab.events if "lost" in e.text]
@@ -123,10 +123,13 @@ def test_the_panel_buttons_kill_and_add_and_the_traces_follow():
         panel.replica_buttons.rank.value = 1
         panel.replica_buttons.kill.click()
         lab.wait(timeout=120)
-        before = workers(lab)
-        panel.replica_buttons.add.click()
-        wait_for(lambda: workers(lab) > before, 90, "the new worker did not join")
+        wait_for(lambda: workers(lab) == 2, 90, "the nanny did not restart the killed worker")
         lab.step(2)
+        assert lab.num_replicas == 2  # the replacement was taken in
+        panel.replica_buttons.add.click()
+        wait_for(lambda: workers(lab) == 3, 90, "the new worker did not join")
+        lab.step(2)
+        assert lab.num_replicas == 3
         deadline = time.monotonic() + 5
         while not panel.publisher.items.empty() and time.monotonic() < deadline:
             time.sleep(0.02)
