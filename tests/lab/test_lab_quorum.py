@@ -90,6 +90,14 @@ def test_add_replica_grows_within_two_steps_with_identical_copies():
         check_counted(lab)
 
 
+def test_the_spread_of_equal_copies_is_exactly_0():
+    """Three equal copies: their mean, (0.1 + 0.1 + 0.1) / 3, is not 0.1 in floating point."""
+    from labdist.lab.history import spread
+
+    assert spread(np.full((3, 2), 0.1)) == 0.0
+    assert spread(np.array([[0.1], [0.1], [0.4]])) > 0.1
+
+
 def test_bad_replica_calls_change_nothing():
     with pytest.raises(ValueError, match=r"fault_tolerance='always' is not allowed"):
         ld.Lab(fault_tolerance="always")
