@@ -57,6 +57,14 @@ class ActorGroup:
         """The client's event loop, where calls to the actors run."""
         return self.client.loop.asyncio_loop
 
+    def add_local_worker(self) -> None:
+        """Start one more worker on the embedded cluster this group owns (a worker that
+        joins: quorum training takes it in)."""
+        if self._owned_cluster is None:
+            raise RuntimeError("this strategy runs on a cluster it did not start: add a worker "
+                               "to that cluster (dask worker ...) and it joins at the next step")
+        self._owned_cluster.scale(len(self._owned_cluster.worker_spec) + 1)
+
     @property
     def dashboard_link(self) -> str | None:
         if self._owned_cluster is None:

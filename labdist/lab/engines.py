@@ -26,6 +26,7 @@ from labdist.input import shard_bounds
 from labdist.lab import steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
+from labdist.strategies.quorum import MembershipChange
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -80,6 +81,10 @@ class MirroredEngine:
         self._sets: dict[tuple[Sync, Agg], dict[str, Variable]] = {}
         self.variables: dict[str, Variable] | None = None
         self._latest: list[np.ndarray] | None = None  # every copy, as the last step left it
+        self.quorum = strategy.fault_tolerance == "quorum"
+        self._changes: list[tuple[MembershipChange, list[str]]] = []
+        self._workers = list(strategy.workers)
+        self._stop_listening = strategy.add_membership_listener(self._heard)
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -120,19 +125,39 @@ class MirroredEngine:
     def submit(self, config: RunConfig, batch: tuple[np.ndarray, np.ndarray], step: int
                ) -> list[StepRecord]:
         x, y = batch
-        n = self.num_replicas
-        b = shard_bounds(len(x), n)
         average = (config.synchronization is Sync.ON_READ and config.sync_period > 0
                    and step % config.sync_period == 0)
-        args = (self.variables, self.model,
-                PerReplica([x[b[r]:b[r + 1]] for r in range(n)]),
-                PerReplica([y[b[r]:b[r + 1]] for r in range(n)]),
-                config.learning_rate, config.skew, PerReplica(list(config.delays)), average)
-        out = self.strategy.run(steps.mirrored_step, args=args)
-        losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+        delays = list(config.delays)
+
+        def args_for(n: int) -> tuple:  # the global batch over n replicas (fewer after a loss)
+            b = shard_bounds(len(x), n)
+            return (self.variables, self.model,
+                    PerReplica([x[b[r]:b[r + 1]] for r in range(n)]),
+                    PerReplica([y[b[r]:b[r + 1]] for r in range(n)]),
+                    config.learning_rate, config.skew,
+                    PerReplica([delays[r] if r < len(delays) else 0.0 for r in range(n)]),
+                    average)
+
+        if self.quorum:  # one transaction over the replicas alive (strategies/quorum.py)
+            results = self.strategy.run_transaction(steps.mirrored_step, args_for, step - 1)
+            losses, sizes, flats = zip(*results, strict=True)
+        else:
+            out = self.strategy.run(steps.mirrored_step, args=args_for(self.num_replicas))
+            losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+        n = self.num_replicas = len(flats)
         self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
                            np.stack(flats), contributions=n)]
+
+    def take_changes(self) -> list[tuple[MembershipChange, list[str]]]:
+        """Quorum mode: the membership changes since the last call, each with the workers
+        before it (so a lost worker's replica number can be told)."""
+        changes, self._changes = self._changes, []
+        return changes
+
+    def _heard(self, change: MembershipChange) -> None:
+        self._changes.append((change, self._workers))
+        self._workers = list(change.workers)
 
     def configure(self, config: RunConfig) -> None:
         """Nothing to set ahead: delays, learning rate and skew travel with every step (the
@@ -145,4 +170,5 @@ class MirroredEngine:
         return None
 
     def close(self) -> None:
+        self._stop_listening()
         self.variables = None

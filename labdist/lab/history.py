@@ -17,6 +17,8 @@ MIN_SPAN_S = 0.25  # the shortest interval a throughput is measured over
 
 def spread(values: np.ndarray) -> float:
     """Max distance of a copy to the copies' mean (0 when every replica agrees)."""
+    if len(values) and (values == values[:1]).all():  # exactly 0: the mean of 3 equal
+        return 0.0  # copies (0.1 + 0.1 + 0.1) / 3 need not equal them
     with np.errstate(all="ignore"):  # a diverged run: inf / nan, said by the runner
         centred = values - values.mean(axis=0, keepdims=True)
         return float(np.sqrt((centred * centred).sum(axis=1)).max())

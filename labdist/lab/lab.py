@@ -20,6 +20,7 @@ from labdist.lab.divergence import DivergenceError
 from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
+from labdist.lab.replicas import Replicas
 from labdist.lab.runner import Runner
 
 
@@ -34,6 +35,10 @@ class Lab:
     data: (x, y) arrays (default: synthetic 1-feature regression).
     track: parameter elements to chart per replica ("w", "W[3]"); default: the first few.
     global_batch_size: samples per step, split across the replicas in order.
+    fault_tolerance: "quorum" makes the lab's own MirroredStrategy quorum-trained: each step
+        a transaction over the replicas alive, so `kill_replica` / `add_replica` (and the
+        panel's buttons) shrink and grow it mid-run; "none" (default): a lost replica stops
+        the run. A strategy you give brings its own mode.
     **settings: the starting RunConfig (kind, synchronization, aggregation, learning_rate,
         skew, delays, use_locking, sync_period, resync, pace).
     """
@@ -41,8 +46,16 @@ class Lab:
     def __init__(self, strategy: Any = None, model: LabModel | None = None,
                  data: tuple[np.ndarray, np.ndarray] | None = None,
                  track: list[str] | None = None, *, num_replicas: int | None = None,
-                 global_batch_size: int = 64, seed: int = 0, **settings: Any):
+                 global_batch_size: int = 64, seed: int = 0, fault_tolerance: str = "none",
+                 **settings: Any):
         model = Linear(1) if model is None else model
+        if fault_tolerance not in ("none", "quorum"):
+            raise ValueError(f"fault_tolerance={fault_tolerance!r} is not allowed; allowed: "
+                             "'none' or 'quorum'")
+        if fault_tolerance != "none" and strategy is not None:
+            raise ValueError(f"fault_tolerance={fault_tolerance!r} applies to the lab's own "
+                             "strategy; make the strategy you give with fault_tolerance="
+                             "'quorum' instead")
         if not callable(getattr(model, "loss_and_grads", None)) or \
                 not callable(getattr(model, "init_params", None)):
             raise TypeError(f"model={model!r} is not a lab model (it needs init_params() and "
@@ -70,7 +83,8 @@ class Lab:
         self._spec = spec
         self._lock = threading.Lock()
         self.panel = None
-        self._pool = StrategyPool(strategy, num_replicas, spec.size)
+        self._pool = StrategyPool(strategy, num_replicas, spec.size, fault_tolerance)
+        self._replicas = Replicas(self._pool.first, n)
         self.history = RunHistory(track, index)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
@@ -113,6 +127,17 @@ class Lab:
         return self._pool.num_replicas
 
     @property
+    def quorum(self) -> bool:
+        """Whether the mirrored replicas are quorum-trained (kill_replica / add_replica)."""
+        return self._replicas.quorum
+
+    @property
+    def replica_slots(self) -> int:
+        """The most replicas this run can have (the charts draw a trace for each): the
+        starting count, plus `add_replica`'s room in quorum mode."""
+        return self._replicas.slots
+
+    @property
     def spec(self) -> ParamSpec:
         """How the model's named parameters pack into one flat vector (`names`, `index("w")`,
         `flatten`, `unflatten`): the layout of every copy in the history and the events."""
@@ -152,6 +177,22 @@ class Lab:
             new = pending.replace(changes, self.num_replicas)
             if new != pending:
                 self._runner.enqueue(new, requested)
+
+    def kill_replica(self, rank: int) -> None:
+        """SIGKILL replica `rank`'s worker process now (quorum mode, mirrored kinds, on the
+        lab's embedded cluster): the step it is in is finished or redone by the others, who
+        go on; the cluster's nanny starts a replacement, taken in as it joins. Logged as
+        events ("replica 1 lost at step N; ...")."""
+        self._check_open()
+        self._replicas.check(self.config.kind)
+        self._replicas.kill(rank, self.num_replicas)
+
+    def add_replica(self) -> None:
+        """Start one more worker on the lab's cluster (quorum mode): it becomes a replica at
+        the next step boundary after it joins, its copies taken from a live peer."""
+        self._check_open()
+        self._replicas.check(self.config.kind)
+        self._replicas.add()
 
     def run(self, steps: int | None = None) -> None:
         """Train `steps` more steps in the background (None: until `pause()`); returns now.

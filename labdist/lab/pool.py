@@ -46,13 +46,15 @@ def check_strategy(strategy: Any) -> None:
 
 
 class StrategyPool:
-    def __init__(self, strategy: Any, num_replicas: int | None, num_parameters: int = 1):
+    def __init__(self, strategy: Any, num_replicas: int | None, num_parameters: int = 1,
+                 fault_tolerance: str = "none"):
         from labdist.strategies import MirroredStrategy
 
         self._owned: list[Any] = []
         self._chunk_size = chunk_size(num_parameters)
         if strategy is None:
-            strategy = MirroredStrategy(num_replicas=num_replicas or 2)
+            strategy = MirroredStrategy(num_replicas=num_replicas or 2,
+                                        fault_tolerance=fault_tolerance)
             self._owned.append(strategy)
         else:
             check_strategy(strategy)

@@ -16,6 +16,7 @@ run (state "diverged", divergence.py) until a reset. Switching moves the state e
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -225,11 +226,35 @@ class Runner:
             last = self._budget == 0
         if last:
             records += self.engine.drain()
+        self._membership()
         self._records(records)
         stats = self.engine.stats(force=last)
         if stats is not None:
             self._emit({"type": "ps_stats", "step": self.completed, "kind": self.config.kind.value,
                         "use_locking": self.config.use_locking, **stats})
+
+    def _membership(self) -> None:
+        """Quorum mode: log each replica lost or taken in during the step as an event, and
+        resize what is per replica (the delays) to the replicas that go on."""
+        take = getattr(self.engine, "take_changes", None)
+        for change, before in take() if take else []:
+            n = change.num_replicas
+            texts = [f"replica {before.index(w)} lost at step {change.step}; {n} replica"
+                     f"{'s' if n != 1 else ''} go{'es' if n == 1 else ''} on"
+                     for w in change.lost]
+            texts += [f"replica {change.workers.index(w)} joined at step {change.step}; {n} "
+                      "replicas" for w in change.joined]
+            self.n = self.pool.num_replicas = n
+            with self._cv:
+                self.config = _resized(self.config, n)
+                self._changes = [(_resized(c, n), t, s) for c, t, s in self._changes]
+            now = time.time()
+            event = Event(change.step, "; ".join(texts), {"replicas": (len(before), n)},
+                          now - change.paused_s, now, change.step)
+            self.history.events.append(event)
+            self._emit({"type": "event", "step": event.step, "text": event.text,
+                        "changes": {"replicas": [len(before), n]}, "requested": event.requested,
+                        "applied": event.applied, "requested_step": event.requested_step})
 
     def _records(self, records: list[StepRecord]) -> None:
         """Number the steps in the order they finished (async PS: not the order they were
@@ -321,6 +346,12 @@ class Runner:
                 self.error, self.state = None, "idle"
         self.start(self.config)
         self._emit({"type": "reset"})
+
+
+def _resized(config: RunConfig, n: int) -> RunConfig:
+    """`config` with one delay per replica of `n` (a lost replica's dropped, a new one's 0)."""
+    delays = tuple(config.delays[:n]) + (0.0,) * max(0, n - len(config.delays))
+    return config if delays == config.delays else dataclasses.replace(config, delays=delays)
 
 
 def _plain(value: Any) -> Any:

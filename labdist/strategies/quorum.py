@@ -124,24 +124,43 @@ def train(strategy, quorum: Quorum, step: Callable, groups: list[list[tuple]],
 
 def _run_group(strategy, quorum: Quorum, step: Callable, batches: list[tuple],
                iteration: int) -> Any:
-    while True:
-        group = strategy._group
-        quorum.arm(group)
-        n = group.num_replicas
+    def args_for(n: int) -> tuple:
         shards: list[list[tuple]] = [[] for _ in range(n)]
         for bx, by in batches:
             bounds = shard_bounds(len(bx), n)
             for r in range(n):
                 shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
-        args = (shards[0] if n == 1 else PerReplica(shards), [len(bx) for bx, _ in batches],
+        return (shards[0] if n == 1 else PerReplica(shards), [len(bx) for bx, _ in batches],
                 iteration)
+
+    return _transaction(strategy, quorum, step, args_for, iteration)[0]
+
+
+def run_step(strategy, quorum: Quorum, fn: Callable, args_for: Callable[[int], tuple],
+             step: int) -> list[Any]:
+    """`strategy.run_transaction` in quorum mode: take in joined workers (a step boundary),
+    then run `fn` as one transaction over the replicas alive."""
+    with strategy._lock:
+        _grow(strategy, quorum, step)
+        return _transaction(strategy, quorum, fn, args_for, step)
+
+
+def _transaction(strategy, quorum: Quorum, fn: Callable, args_for: Callable[[int], tuple],
+                 iteration: int) -> list[Any]:
+    """Run `fn(*args_for(n))` on the n replicas alive until a run is committed by every
+    survivor; returns the survivors' results in replica order."""
+    while True:
+        group = strategy._group
+        quorum.arm(group)
+        n = group.num_replicas
+        args = args_for(n)
         args_r = [strategy._select(args, r, "args") for r in range(n)]
         run_id = next(strategy._run_ids)
         started = time.monotonic()
-        events = group.start(run_id, step, args_r, [{}] * n)
+        events = group.start(run_id, fn, args_r, [{}] * n)
         if all(e.kind == "done" for e in events):
             strategy._emit_warnings(events)
-            return events[0].value
+            return [e.value for e in events]
         lost = membership.lost_in(events, group.workers)
         if not lost:  # the step failed of itself: as without quorum mode
             strategy._fail(run_id, events)
@@ -151,7 +170,7 @@ def _run_group(strategy, quorum: Quorum, step: Callable, batches: list[tuple],
             survivors = _roll_back(group, run_id, survivors, lost)
         _shrink(strategy, quorum, survivors, lost, iteration, started, retried=not committed)
         if committed:
-            return events[survivors[0]].value
+            return [events[r].value for r in survivors]
 
 
 def _roll_back(group, run_id: int, survivors: list[int], lost: set[str]) -> list[int]:
@@ -244,3 +263,15 @@ def _grow(strategy, quorum: Quorum, iteration: int) -> None:
         return
     raise ReplicaLostError(f"the replica group could not take in {', '.join(joiners)} in "
                            f"{MAX_EPOCH_TRIES} tries")
+
+
+def add_local_worker(strategy, quorum: Quorum) -> None:
+    """Start one more worker on the strategy's embedded cluster and let the group grow by
+    one: it becomes a replica at the next step boundary (a join, as any other)."""
+    if quorum.max_replicas is not None:  # None: every worker already
+        quorum.max_replicas += 1
+    try:
+        strategy._group.add_local_worker()
+    except BaseException:
+        quorum.max_replicas = None if quorum.max_replicas is None else quorum.max_replicas - 1
+        raise

@@ -150,7 +150,7 @@ class Controls:
                 if fields is None or name in fields:
                     widget.value = value
             if fields is None or "delays" in fields:
-                for slider, d in zip(self.delays, config.delays, strict=True):
+                for slider, d in zip(self.delays, config.delays, strict=False):  # n varies
                     slider.value = min(d, slider.max)
             mirrored = not config.kind.is_ps
             self.synchronization.disabled = not mirrored

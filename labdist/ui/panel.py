@@ -16,6 +16,7 @@ from labdist.ui.histogram import Histogram
 from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
 from labdist.ui.publisher import NO_PS_NOTE, Publisher
+from labdist.ui.replica_buttons import ReplicaButtons
 
 # the charts that tell the current mode's story, first one on top (in view beside the
 # controls at 1280 x 800 with JupyterLab's file browser open)
@@ -31,7 +32,7 @@ def arrangement(kind: Kind, names: list[str]) -> tuple[str, list[str]]:
 
 
 def make_charts(lab) -> dict:
-    n = lab.num_replicas
+    n = lab.replica_slots  # quorum mode: room for the replicas add_replica may add
     replicas = [f"replica {r}" for r in range(n)]
     charts = {f"track:{name}": LineChart(title=f"{name}, each replica's copy", y_label=name,
                                          series=replicas) for name in lab.track}
@@ -90,7 +91,10 @@ class LabPanel:
             layout=w.Layout(width="290px"))
         self.window.add_class("labdist-window")
         self.window.observe(self._window_changed, names="value")
-        left = w.VBox([self.controls.widget(), self.window, self.dashboard],
+        self.replica_buttons = ReplicaButtons(lab, self.log.append) if lab.quorum else None
+        left = w.VBox([self.controls.widget(), self.window,
+                       *([self.replica_buttons.widget] if self.replica_buttons else []),
+                       self.dashboard],
                       layout=w.Layout(flex="0 0 300px"))
         self.widget = w.HBox([left, right], layout=w.Layout(width="100%", flex_flow="row wrap",
                                                            grid_gap="0 10px"))

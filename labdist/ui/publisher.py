@@ -124,15 +124,16 @@ class Publisher:
             return
         c = self.charts
         x = [r["step"] for r in rows]
-        n = self.lab.num_replicas
-        c["loss"].append(x, [[r["loss"][k] for r in rows] for k in range(n)]
+        n = self.lab.replica_slots  # a replica missing from a row (lost, not yet added): a gap
+        c["loss"].append(x, [[_at(r["loss"], k) for r in rows] for k in range(n)]
                          + [[r["global_loss"] for r in rows]])
         c["spread"].append(x, [[r["spread"] for r in rows]])
         for i, name in enumerate(self.lab.track):
-            c[f"track:{name}"].append(x, [[r["tracked"][i][k] for r in rows] for k in range(n)])
+            c[f"track:{name}"].append(x, [[_at(r["tracked"][i], k) for r in rows]
+                                          for k in range(n)])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
         if self._plane_index is not None:  # a diverged path ends at its last finite point
-            points = [p for p in (r["plane"][:, self._plane_index] for r in rows)
+            points = [_rows_of(p, n) for p in (r["plane"][:, self._plane_index] for r in rows)
                       if np.isfinite(p).all()]
             c["plane"].append(points)
             self._surface(points=points)
@@ -150,6 +151,10 @@ class Publisher:
                 chart.event(label)
             else:
                 chart.event(item["step"], label)
+        if "replicas" in item["changes"]:  # quorum mode: a replica lost or taken in
+            pause = (item["applied"] - item["requested"]) * 1e3
+            self._log(f"{item['text']}  (training paused {pause:.0f} ms)")
+            return
         self._last_delay = item["applied"] - item["requested"]
         self._log(f"step {item['step']}: {label}  (applied {self._last_delay * 1e3:.0f} ms "
                   "after the request)")
@@ -295,3 +300,14 @@ def _short(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return str(value)
+
+
+def _at(values: list[float], k: int) -> float:
+    return values[k] if k < len(values) else float("nan")
+
+
+def _rows_of(points: np.ndarray, n: int) -> np.ndarray:
+    """A (replicas, 2) array with `n` rows: a missing replica's path waits at replica 0's
+    point (the plane's paths advance together; in mirrored modes the copies are equal)."""
+    return points if len(points) >= n else np.vstack([points, np.repeat(points[:1],
+                                                                        n - len(points), 0)])

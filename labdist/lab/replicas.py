@@ -1,0 +1,45 @@
+"""What the lab's "kill replica" and "add replica" do: a real SIGKILL of a replica's worker
+process, and one more worker on the embedded cluster. Only a quorum-trained mirrored strategy
+goes on through both (strategies/quorum.py); the runner logs each change as an event."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from labdist.lab.config import Kind
+
+MAX_ADDED = 2  # replicas add_replica may add beyond the starting count (a trace each)
+
+
+class Replicas:
+    def __init__(self, strategy: Any, num_replicas: int):
+        self.strategy = strategy
+        self.quorum = getattr(strategy, "fault_tolerance", "none") == "quorum"
+        self.slots = num_replicas + (MAX_ADDED if self.quorum else 0)
+        self._added = 0
+
+    def check(self, kind: Kind) -> None:
+        if not self.quorum:
+            raise RuntimeError("kill_replica / add_replica need quorum training: make the lab "
+                               "with ld.Lab(..., fault_tolerance='quorum')")
+        if kind.is_ps:
+            raise RuntimeError(f"kind={kind.value!r}: kill_replica / add_replica act on the "
+                               "mirrored replicas; switch to kind='mirrored' first")
+
+    def kill(self, rank: int, num_replicas: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank={rank!r} is not allowed; use a replica number 0.."
+                             f"{num_replicas - 1}")
+        if num_replicas < 2:
+            raise ValueError(f"rank={rank!r}: it is the last replica; training needs one "
+                             "(add_replica first)")
+        os.kill(int(self.strategy.replicas[rank]["pid"]), signal.SIGKILL)
+
+    def add(self) -> None:
+        if self._added >= MAX_ADDED:
+            raise RuntimeError(f"add_replica: this lab already added {MAX_ADDED} replicas, "
+                               f"its most ({self.slots} replicas in all)")
+        self.strategy.add_local_replica()
+        self._added += 1
