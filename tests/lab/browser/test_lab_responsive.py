@@ -12,8 +12,9 @@ clicks with the run paused, and the frame rate with the run training and the pan
 the same load from other processes.
 
 Held on any machine: a click is applied by the kernel within 100 ms (median), at the first
-step boundary after it arrives. On a quiet machine (the baselines say so) the absolute bars
-hold too: shown within 100 ms, >= 55 frames/s. On a busy one the test holds the training
+step boundary after it arrives. On a quiet machine (the load average of other processes, read
+before the test starts anything, at most half the cores) the absolute bars hold too: shown
+within 100 ms, >= 55 frames/s. On a busy one the test holds the training
 figures to bounds relative to the baselines instead: a click shown within 3 x the paused time
 plus one step, and frames with the panel shown at >= half the rate with it hidden. Those
 catch a click waiting behind a backlog of steps or frames, and a panel whose drawing takes
@@ -44,22 +45,22 @@ CELLS = [f"import labdist as ld\nlab = ld.Lab(num_replicas=2, skew=1.0, pace={PA
          "lab.show()", "lab.run()", KERNEL_CELL, "lab.close()"]
 CLICKS, WINDOW_S, PAIRS = 10, 2.5, 4
 # a busy machine: frames with the panel shown / hidden, the median of alternating pairs;
-# measured 0.69 (pairs 0.52-0.86) at a load average of 20 on 2 cores
+# measured 0.69-0.74 (single pairs 0.35-1.12) at a load average of 20 on 2 cores, 0.87
+# (0.63-0.97) at 8
 FPS_RATIO = 0.5
 CLICK_BAR_MS, FPS_BAR = 100.0, 55.0
 
 
-def bars(idle: dict, hidden: dict, step_ms: float) -> dict:
-    """The bars the training figures are held to. On a quiet machine (the baselines show it:
-    frames at >= 58/s with the run training and the panel hidden, a click shown within 50 ms
-    with the run paused) the absolute ones. On a busy one, bounds relative to the baselines:
-    a click shown within 3 x the paused time plus one step, frames with the panel shown at
-    >= FPS_RATIO of the rate with it hidden (alternating windows)."""
-    idle_click = idle["click_to_shown_ms"]["median"]
-    quiet = hidden["hidden_median_per_s"] >= 58 and idle_click <= 50
-    if quiet:
+def bars(idle: dict, frames: dict, step_ms: float, load: float, cpus: int) -> dict:
+    """The bars the training figures are held to. On a quiet machine (other processes' load
+    average, read before this test starts anything, at most half the cores) the absolute
+    ones. On a busy one, bounds relative to the baselines: a click shown within 3 x the
+    paused time plus one step, frames with the panel shown at >= FPS_RATIO of the rate with
+    it hidden (alternating windows)."""
+    if load <= cpus / 2:
         return {"click_shown_ms": CLICK_BAR_MS, "fps": FPS_BAR, "relative": False}
-    return {"click_shown_ms": max(CLICK_BAR_MS, 3 * idle_click + step_ms),
+    return {"click_shown_ms": max(CLICK_BAR_MS, 3 * idle["click_to_shown_ms"]["median"]
+                                  + step_ms),
             "fps_ratio": FPS_RATIO, "relative": True}
 
 
@@ -99,7 +100,8 @@ def test_a_click_is_applied_and_shown_quickly_and_charts_stay_smooth_while_train
             figures["training"] = busy
             figures["load_average_end"] = os.getloadavg()
             step_ms = 1e3 / PACE
-            figures["bars"] = held = bars(idle, fps, step_ms)
+            figures["bars"] = held = bars(idle, fps, step_ms,
+                                          figures["load_average_start"][0], os.cpu_count())
 
             # held on any machine: applied at the next step boundary, within 100 ms
             assert max(busy["steps_late"]) <= 1, figures
