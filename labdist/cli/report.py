@@ -20,6 +20,14 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e3
 
 def chart(traces: list[dict], path: Path) -> Path:
     """Draw the traces (one panel per experiment, plus the loss) into a PNG at `path`."""
+    fig = figure(traces)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def figure(traces: list[dict]):
+    """The chart as a matplotlib Figure; its step axis counts from 1, as the demo prints."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -45,9 +53,7 @@ def chart(traces: list[dict], path: Path) -> Path:
     loss_ax.set_title("loss, each replica on its own shard (mean)", fontsize=10)
     loss_ax.set_xlabel("step")
     loss_ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return fig
 
 
 def _versions() -> str:
@@ -72,13 +78,19 @@ def page(figures: dict, png: Path, path: Path) -> Path:
         rows.append("<tr>" + _cell(row["synchronization"]) + _cell(row["aggregation"])
                     + f"<td class={style}>"
                     + html.escape(", ".join(f"{c:g}" for c in row["copies"])) + "</td>"
-                    + _cell(row["read"]) + "</tr>")
+                    + _cell(row["read"])
+                    + _cell("ReplicaDivergenceWarning" if row.get("warning") else "") + "</tr>")
     finals = []
     for trace in figures["traces"]:
         last = ", ".join(f"{w:.3f}" for w in trace["w"][-1])
-        finals.append("<tr>" + _cell(trace["aggregation"]) + _cell(last)
+        finals.append("<tr>" + _cell(trace["aggregation"]) + _cell(len(trace["w"]))
+                      + _cell(last)
                       + _cell(f"{trace['spread']:.3g}") + _cell(f"{trace['loss'][-1]:.4f}")
                       + "</tr>")
+    warnings = [(t["aggregation"], t["warning"]) for t in figures["traces"] if t.get("warning")]
+    warned = "".join(
+        f" (with {html.escape(agg)}, labdist warned: <code>ReplicaDivergenceWarning</code>: "
+        f"{html.escape(message)} TensorFlow stays silent)" for agg, message in warnings)
     image = base64.b64encode(png.read_bytes()).decode()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017
     text = f"""<!doctype html>
@@ -102,19 +114,20 @@ inside <code>strategy.run</code>. <code>ON_WRITE</code> all-reduces the update w
 written (copies stay equal, unless the aggregation is <code>NONE</code>);
 <code>ON_READ</code> keeps each replica's own copy and aggregates when the driver reads.</p>
 <table><tr><th>synchronization</th><th>aggregation</th><th>copies after the update</th>
-<th>cross-replica read</th></tr>
+<th>cross-replica read</th><th>labdist warned</th></tr>
 {''.join(rows)}
 </table>
 <h2>2. Training: copies equal with MEAN, each on its own path with NONE</h2>
 <p>Each replica fits <code>y = 3x - 2</code> on its own region of x. With aggregation
 <code>MEAN</code> the updates are averaged when written and every copy of <code>w</code> takes
 the same step; with <code>NONE</code> each copy follows its own shard, so they part at the
-first step and head for the line along their own paths
-(labdist warns with <code>ReplicaDivergenceWarning</code>; TensorFlow stays silent). The
+first step and head for the line along their own paths{warned}. Step <i>n</i> shows the
+copies of <code>w</code> after the <i>n</i>-th update and the loss on that step's batch. The
 parted copies' loss is lower only because each is measured on the shard it overfits: none of
 them is the model of the whole data.</p>
 <img alt="every replica's copy of w per step, and the loss" src="data:image/png;base64,{image}">
-<table><tr><th>aggregation</th><th>final w per replica</th><th>spread</th><th>loss</th></tr>
+<table><tr><th>aggregation</th><th>step</th><th>final w per replica</th><th>spread</th>
+<th>loss</th></tr>
 {''.join(finals)}
 </table>
 <p class="muted">Chart also saved as {html.escape(png.name)}. {html.escape(_versions())};

@@ -40,6 +40,7 @@ class Publisher:
         self.publish_s = 0.0  # Python time spent building and sending them
         self.items = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by anything but a step: shown without waiting
         self._ps_seen: Counter[int] = Counter()
         self._ps_prev: tuple[float, int, int] | None = None  # (time, torn, lost): the rates
         self._surface_skew: float | None = None
@@ -54,13 +55,22 @@ class Publisher:
             error = lab.divergence
             self.items.put({"type": "diverged", "step": error.step, "where": error.where,
                             "text": str(error)})
-        self._unsubscribe = lab.subscribe(self.items.put)
+        self._unsubscribe = lab.subscribe(self._put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
+
+    def _put(self, item: dict) -> None:
+        """Steps wait for the next frame (at most RATE_HZ a second); an event (a click
+        applied, a divergence, an error) goes out at once, so a click shows within
+        milliseconds of being applied rather than up to a frame later."""
+        self.items.put(item)
+        if item.get("type") != "step":
+            self._wake.set()
 
     def close(self) -> None:
         self._unsubscribe()
         self._stop.set()
+        self._wake.set()
         self._thread.join(5)
 
     def _loop(self) -> None:
@@ -69,6 +79,7 @@ class Publisher:
             self._safe(self._surface, force=True)
         while not self._stop.is_set():
             start = time.monotonic()
+            self._wake.clear()  # before draining: an event put from now on wakes the next wait
             items = []
             while True:
                 try:
@@ -83,7 +94,7 @@ class Publisher:
             if start - self._last_status >= 1.0 / STATUS_HZ:
                 self._last_status = start
                 self._safe(self._show_status)
-            self._stop.wait(max(0.0, period - (time.monotonic() - start)))
+            self._wake.wait(max(0.0, period - (time.monotonic() - start)))
 
     def _safe(self, fn, *args, **kwargs) -> None:
         """A drawing problem goes to the log; it must never stop the publisher."""

@@ -405,3 +405,38 @@ def test_showing_an_applied_change_leaves_a_click_on_its_way_alone(strategy):
         controls.sync(lab.pending_config())  # everything (a panel shown anew)
         assert controls.use_locking.value is False
         panel.close()
+
+
+def test_an_applied_change_is_sent_at_once_not_at_the_next_frame(strategy):
+    """A click's marker leaves the kernel as soon as the runner has applied it: events skip
+    the 20-a-second pacing that steps get (it used to add up to a frame, 50 ms, to every
+    click), while steps stay paced."""
+    with ld.Lab(strategy, skew=1.0, pace=100) as lab:
+        panel = LabPanel(lab)
+        sent_at: list[float] = []
+        chart = panel.charts["spread"]
+        original = chart.event
+        chart.event = lambda *a, **k: (sent_at.append(time.time()), original(*a, **k))[1]
+        sent = capture(panel)
+        t0 = time.monotonic()
+        lab.run()
+        delays = []
+        for i in range(12):
+            seen = len(sent_at)
+            lab.set(aggregation="SUM" if i % 2 == 0 else "MEAN")
+            deadline = time.monotonic() + 10
+            while len(sent_at) == seen and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert len(sent_at) > seen, "no event marker within 10 s"
+            delays.append(sent_at[-1] - lab.events[-1].applied)
+            time.sleep(0.1 + i * 0.0041)  # clicks at every phase of the frame
+        time.sleep(1.0)
+        lab.pause()
+        settle(panel, lab)
+        elapsed = time.monotonic() - t0
+        delays.sort()
+        # the median: a small part of a frame (paced, it was half a frame: 25 ms)
+        assert delays[len(delays) // 2] < 0.15 / RATE_HZ, delays
+        appends = [m for m in sent["spread"] if m["type"] == "append"]
+        # steps still paced: a frame per period, plus at most one early frame per change
+        assert len(appends) <= RATE_HZ * elapsed + len(delays) + 2, (len(appends), elapsed)
