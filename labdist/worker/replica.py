@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import nest, phases
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
@@ -163,8 +163,10 @@ class ReplicaCore:
             except BaseException as e:  # reported to the driver, which re-raises it
                 event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
                                   warnings=ctx.warnings, remote_traceback=traceback.format_exc())
+            stop = time.time()
+            phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id})
             if self.steps is not None:
-                self.steps.record(start, time.time(), ctx._seq)
+                self.steps.record(start, stop, ctx._seq)
             self._signal(event, next_event=None)
 
     def _signal(self, event: StepEvent, next_event: Future | None) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import aggregation
+from labdist import aggregation, phases
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
 from labdist.worker.ps.counters import StoreCounters
 from labdist.worker.ps.shm_server import ShmServer
@@ -274,6 +274,7 @@ class ParameterStore:
         variables between the worker's read and this update's start. `owner` (worker, the
         function's key) made it: what it overwrites of others' is lost (chunked.py)."""
         staleness, interleaved = None, 0
+        start = phases.now()
         for var_id, kind, array, _ in items:
             overlapped, prior, lost = self._update(var_id, kind, array, None, owner,
                                                    basis.get(var_id))
@@ -286,6 +287,8 @@ class ParameterStore:
             self.clock += 1
             clock = self.clock
         self.counters.applied(worker, staleness, interleaved)
+        phases.RECORDER.add("apply", start, phases.now(), {
+            "worker": worker, "staleness": staleness, "flow": phases.flow_id(*owner)})
         return {"status": "applied", "global_step": clock,
                 "values": self._values_of(items) if want else None}
 

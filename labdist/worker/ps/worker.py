@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from labdist import nest
+from labdist import nest, phases
 from labdist.collectives import Communicator
 from labdist.devices import NUMPY
 from labdist.errors import OutOfRangeError, ParameterServerLostError
@@ -148,9 +148,11 @@ class ParameterServerWorker:
             if self.bounded:
                 self.call_all([(0, "ssp_begin", (self.index,))])
             args, kwargs = self._resolve(args), self._resolve(kwargs)
+            start = phases.now()
             with enter(ctx):
                 result = fn(*args, **kwargs)
             ctx.flush()
+            phases.RECORDER.step(start, phases.now(), {"worker": self.index})
             cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
             return Outcome.ok(result)
         except Retry:
@@ -288,7 +290,8 @@ class WorkerContext(ReplicaContext):
         by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
         calls = [(s, "pull", (ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
-        replies = self._executor.call_all(calls)
+        with phases.RECORDER.span("pull", {"worker": self.worker_index}):
+            replies = self._executor.call_all(calls)
         if None in replies:  # released from a step's barrier (a worker was lost): not yet
             raise Retry()
         for (shard, _, _), (got, versions, at) in zip(calls, replies, strict=True):
@@ -330,7 +333,10 @@ class WorkerContext(ReplicaContext):
             calls.append((shard, "push", (self.worker_index, mine, basis, at, key, want,
                                           weight)))
         statuses, values, waits = set(), {}, []
-        for (shard, _, _), r in zip(calls, self._executor.call_all(calls), strict=True):
+        with phases.RECORDER.span("push", {"worker": self.worker_index,
+                                           "flow": phases.flow_id(self.worker_index, key)}):
+            replies = self._executor.call_all(calls)
+        for (shard, _, _), r in zip(calls, replies, strict=True):
             values.update(r["values"] or {})
             if barrier and r.get("wait") is not None:
                 wait_step, release = r["wait"]
