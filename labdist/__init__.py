@@ -1,6 +1,7 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
 from labdist import datasets, lab
+from labdist.cluster.trace import profile
 from labdist.collectives import compression
 from labdist.context import (
     get_replica_context,
@@ -89,6 +90,7 @@ __all__ = [
     "losses",
     "models",
     "optimizers",
+    "profile",
     "to_host",
     "train",
 ]

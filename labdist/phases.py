@@ -113,3 +113,13 @@ def flow_id(worker: int, key: Any) -> int:
 def clock() -> float:
     """This process's wall clock (for the driver's offset measurement)."""
     return now()
+
+
+def set_capacity(spans: int) -> int:
+    """Keep the last `spans` spans in this process from now on (the most recent ones carry
+    over); returns the previous capacity."""
+    if isinstance(spans, bool) or not isinstance(spans, int) or spans < 1:
+        raise ValueError(f"spans={spans!r} is not allowed; use an int >= 1")
+    previous = RECORDER.spans.maxlen or CAPACITY
+    RECORDER.spans = deque(RECORDER.spans, maxlen=spans)
+    return previous

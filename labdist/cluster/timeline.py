@@ -29,7 +29,7 @@ def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
 
 
 def collect(client: Any | None, since: float = 0.0) -> list[dict[str, Any]]:
-    """Every process's spans since `since` (driver clock), on the driver's clock: one dict per
+    """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
     process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`."""
     found = []
     if client is not None:
@@ -38,10 +38,11 @@ def collect(client: Any | None, since: float = 0.0) -> list[dict[str, Any]]:
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)
             spans = [(n, s - off, e - off, t, a) for n, s, e, t, a in snap["spans"]
-                     if e - off >= since]
+                     if s - off >= since]  # begun in the window
             found.append({**snap, "name": address, "offset": off, "spans": spans})
     local = phases.snapshot(since)
     if all(p["pid"] != local["pid"] for p in found):  # a LocalCluster with threads: no twice
+        local["spans"] = [s for s in local["spans"] if s[1] >= since]
         found.append({**local, "name": "driver", "offset": 0.0})
     return found
 

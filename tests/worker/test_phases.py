@@ -12,6 +12,7 @@ import pytest
 
 import labdist as ld
 from labdist.cluster import timeline
+from labdist.cluster.trace import chrome_trace
 
 STRAGGLE_S = 0.05
 STEPS = 12
@@ -79,3 +80,9 @@ def test_async_ps_straggler_records_no_collective_wait():
     pushes = {sp[4]["flow"] for sp in spans if sp[0] == "push"}
     applies = {sp[4]["flow"] for sp in spans if sp[0] == "apply"}
     assert applies and applies <= pushes  # every apply ties back to the push that caused it
+    events = chrome_trace(procs, since)["traceEvents"]
+    arrows = [e for e in events if e["ph"] in ("s", "f")]
+    assert len(arrows) == 2 * sum(sp[0] == "apply" for sp in spans)  # push -> apply, each
+    ends = {e["pid"] for e in arrows if e["ph"] == "f"}
+    assert len(ends) == 1  # into the one parameter server's process ...
+    assert not ends & {e["pid"] for e in arrows if e["ph"] == "s"}  # ... from the workers'
