@@ -32,6 +32,7 @@ from labdist.errors import (
 from labdist.input import InputContext, batches
 from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
+from labdist.network import NetworkModel
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
     MirroredStrategy,
@@ -60,6 +61,7 @@ __all__ = [
     "LabdistError",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "NetworkModel",
     "OneDeviceStrategy",
     "OutOfRangeError",
     "ParameterServerLostError",

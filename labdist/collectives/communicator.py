@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import phases
+from labdist import network, phases
 from labdist.aggregation import Aggregation
 from labdist.collectives.compressed import CompressionState
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
@@ -60,7 +60,10 @@ class Communicator:
         self.sent_bytes += sent
         start = phases.now()
         got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
-        phases.RECORDER.collective(start, getattr(self.host, "last_arrival", None), phases.now(),
+        arrived = getattr(self.host, "last_arrival", None)
+        if network.CURRENT is not None:  # a modelled link: the data moves no faster than it
+            network.delay(sent, phases.now() - max(arrived or start, start))
+        phases.RECORDER.collective(start, arrived, phases.now(),
                                    {"kind": what, "seq": seq, "bytes": sent,
                                     "peers": self.world - 1})
         return got

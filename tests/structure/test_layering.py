@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
               "labdist.enums", "labdist.errors", "labdist.input", "labdist.input_pipelines",
-              "labdist.phases",
+              "labdist.network", "labdist.phases",
               "labdist.nest", "labdist.shipping", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from labdist import nest, phases
+from labdist import nest, network, phases
 from labdist.collectives import Communicator
 from labdist.devices import NUMPY
 from labdist.errors import OutOfRangeError, ParameterServerLostError
@@ -291,7 +291,11 @@ class WorkerContext(ReplicaContext):
         calls = [(s, "pull", (ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
         with phases.RECORDER.span("pull", {"worker": self.worker_index}):
+            start = phases.now()
             replies = self._executor.call_all(calls)
+            if network.CURRENT is not None and None not in replies:  # a modelled link
+                network.delay(sum(a.nbytes for got, _, _ in replies for a in got.values()),
+                              phases.now() - start)
         if None in replies:  # released from a step's barrier (a worker was lost): not yet
             raise Retry()
         for (shard, _, _), (got, versions, at) in zip(calls, replies, strict=True):
@@ -335,7 +339,11 @@ class WorkerContext(ReplicaContext):
         statuses, values, waits = set(), {}, []
         with phases.RECORDER.span("push", {"worker": self.worker_index,
                                            "flow": phases.flow_id(self.worker_index, key)}):
+            start = phases.now()
             replies = self._executor.call_all(calls)
+            if network.CURRENT is not None:  # a modelled link: no faster than it
+                network.delay(sum(np.asarray(item[2]).nbytes for item in items),
+                              phases.now() - start)
         for (shard, _, _), r in zip(calls, replies, strict=True):
             values.update(r["values"] or {})
             if barrier and r.get("wait") is not None:
