@@ -11,6 +11,8 @@ step's time is when no other phase covers it, derived in `snapshot`, not recorde
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import threading
 import time
@@ -23,23 +25,54 @@ PHASES = ("compute", "wait", "comm", "apply", "pull", "push", "lock", "input", "
 STEP = "step"  # the span a step's phases lie in (its remainder is `compute`)
 CAPACITY = 1 << 16  # spans kept per process: the last ones, for a long run
 
+# upper bounds (seconds) of the phase histograms' buckets, the last one open
+BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+           10.0, math.inf)
+
 now = time.time
 
 
 class Recorder:
-    """A process's spans: (name, start, end, thread id, args or None). Thread-safe: appends to
-    a deque are atomic, and readers copy it."""
+    """A process's spans: (name, start, end, thread id, args or None), plus running totals that
+    outlive the ring (Prometheus's histograms and counters: labdist/worker/metrics.py)."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.spans: deque[tuple[str, float, float, int, dict | None]] = deque(maxlen=capacity)
         self.steps = 0  # steps recorded since the process started (the ring drops old ones)
+        self.collective_bytes = 0  # array bytes this process sent in collectives
+        self.histograms: dict[str, list] = {}  # phase -> [count per BUCKETS bucket..., sum]
+        self._covered: dict[int, float] = {}  # thread -> seconds of phases in its open step
+        self._lock = threading.Lock()
+
+    def _record(self, name: str, start: float, end: float, tid: int, args: dict | None
+                ) -> None:
+        self.spans.append((name, start, end, tid, args))
+        seconds = end - start
+        with self._lock:
+            if name == STEP:
+                self.steps += 1
+                self._count("compute", max(seconds - self._covered.pop(tid, 0.0), 0.0))
+            else:
+                self._covered[tid] = self._covered.get(tid, 0.0) + seconds
+                self._count(name, seconds)
+
+    def _count(self, name: str, seconds: float) -> None:
+        hist = self.histograms.get(name)
+        if hist is None:
+            hist = self.histograms[name] = [0] * len(BUCKETS) + [0.0]
+        hist[bisect.bisect_left(BUCKETS, seconds)] += 1
+        hist[-1] += seconds
+
+    def histogram_copies(self) -> dict[str, list]:
+        """phase -> [count per BUCKETS bucket..., sum of seconds], a consistent copy."""
+        with self._lock:
+            return {name: list(h) for name, h in self.histograms.items()}
 
     def add(self, name: str, start: float, end: float, args: dict | None = None) -> None:
-        self.spans.append((name, start, end, threading.get_ident(), args))
+        self._record(name, start, end, threading.get_ident(), args)
 
     def step(self, start: float, end: float, args: dict | None = None) -> None:
-        self.steps += 1
-        self.spans.append((STEP, start, end, threading.get_ident(), args))
+        self._record(STEP, start, end, threading.get_ident(), args)
 
     @contextmanager
     def span(self, name: str, args: dict | None = None):
@@ -47,7 +80,7 @@ class Recorder:
         try:
             yield
         finally:
-            self.spans.append((name, start, now(), threading.get_ident(), args))
+            self._record(name, start, now(), threading.get_ident(), args)
 
     def collective(self, start: float, arrived: float | None, end: float, args: dict) -> None:
         """One collective's exchange: `wait` from our arrival until the last peer's message
@@ -56,8 +89,9 @@ class Recorder:
         tid = threading.get_ident()
         split = start if arrived is None else min(max(arrived, start), end)
         if split > start:
-            self.spans.append(("wait", start, split, tid, args))
-        self.spans.append(("comm", split, end, tid, args))
+            self._record("wait", start, split, tid, args)
+        self._record("comm", split, end, tid, args)
+        self.collective_bytes += args.get("bytes", 0)
 
     def clear(self) -> None:
         self.spans.clear()

@@ -26,6 +26,7 @@ from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
+from labdist.worker import metrics
 from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
@@ -218,6 +219,7 @@ class Replica:
             comm = Communicator.local()
         self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
         self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
+        metrics.register()  # steps and phases on this worker's /metrics
         self._fns = LoadedFunctions()
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None  # the driver's fast lane, once opened

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from labdist import aggregation, phases
+from labdist.worker import metrics
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
 from labdist.worker.ps.counters import StoreCounters
 from labdist.worker.ps.shm_server import ShmServer
@@ -50,6 +51,7 @@ class ParameterStore:
         self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
         self.chunk_delay = 0.0
         self.counters = StoreCounters()
+        metrics.register(self)  # its counters on this worker's /metrics
         self.clock = 0  # pushes applied here (async): what staleness is measured in
         self._clock_lock = threading.Lock()
         self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"

@@ -31,6 +31,7 @@ from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.input import InputContext
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
+from labdist.worker import metrics
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
 from labdist.worker.ps.outcome import Ending, Outcome
@@ -102,6 +103,7 @@ class ParameterServerWorker:
         self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
+        metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
 
