@@ -43,9 +43,12 @@ class Recorder:
         self.histograms: dict[str, list] = {}  # phase -> [count per BUCKETS bucket..., sum]
         self._covered: dict[int, float] = {}  # thread -> seconds of phases in its open step
         self._lock = threading.Lock()
+        self.enabled = True  # off only to measure what recording costs (bench/bench_time.py)
 
     def _record(self, name: str, start: float, end: float, tid: int, args: dict | None
                 ) -> None:
+        if not self.enabled:
+            return
         self.spans.append((name, start, end, tid, args))
         seconds = end - start
         with self._lock:
@@ -91,7 +94,8 @@ class Recorder:
         if split > start:
             self._record("wait", start, split, tid, args)
         self._record("comm", split, end, tid, args)
-        self.collective_bytes += args.get("bytes", 0)
+        if self.enabled:
+            self.collective_bytes += args.get("bytes", 0)
 
     def clear(self) -> None:
         self.spans.clear()
@@ -156,4 +160,11 @@ def set_capacity(spans: int) -> int:
         raise ValueError(f"spans={spans!r} is not allowed; use an int >= 1")
     previous = RECORDER.spans.maxlen or CAPACITY
     RECORDER.spans = deque(RECORDER.spans, maxlen=spans)
+    return previous
+
+
+def set_enabled(on: bool) -> bool:
+    """Record (True, the default) or not, in this process; returns the previous setting. Off
+    exists to measure recording's own cost: the timeline, traces and metrics need it on."""
+    previous, RECORDER.enabled = RECORDER.enabled, bool(on)
     return previous
