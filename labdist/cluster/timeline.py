@@ -55,3 +55,33 @@ def phase_totals(process: dict[str, Any], name: str) -> list[float]:
     return [sum(min(e, se) - max(s, ss) for _, s, e, t, _ in inner
                 if t == st and s < se and e > ss)
             for _, ss, se, st, _ in steps]
+
+
+def summary(processes: list[dict[str, Any]], last: int = 100) -> str:
+    """The timeline's line in words. Sync replicas: who was last to the collectives and how
+    long the others waited; parameter servers: no waiting, and how stale pushes landed."""
+    per_run: dict[int, dict[int, float]] = {}  # run -> rank -> seconds waited
+    for proc in processes:
+        steps = [s for s in proc["spans"]
+                 if s[0] == phases.STEP and s[4] and "rank" in s[4] and "run" in s[4]]
+        for span, waited in zip(steps, phase_totals({"spans": proc["spans"]}, "wait"),
+                                strict=False):
+            per_run.setdefault(span[4]["run"], {})[span[4]["rank"]] = waited
+    runs = [per_run[r] for r in sorted(per_run) if len(per_run[r]) > 1][-last:]
+    if runs:
+        lasts = [min(w, key=w.get) for w in runs]  # the last to arrive never waits
+        slowest = max(set(lasts), key=lasts.count)
+        share = 100 * lasts.count(slowest) / len(runs)
+        others = [waited for w in runs for rank, waited in w.items() if rank != slowest]
+        mean = 1e3 * sum(others) / max(len(others), 1)
+        return (f"sync: replica {slowest} was last to the collectives in {share:.0f} % of the "
+                f"last {len(runs)} steps; the others waited {mean:.0f} ms per step")
+    applies = [s for p in processes for s in p["spans"] if s[0] == "apply"][-last:]
+    if not applies:
+        return "no steps recorded yet"
+    line = f"async: nobody waits for a peer; {len(applies)} pushes applied"
+    stale = sorted(s[4]["staleness"] for s in applies
+                   if s[4] and s[4].get("staleness") is not None)
+    if stale:
+        line += (f", {stale[len(stale) // 2]} updates stale (median), {stale[-1]} at most")
+    return line

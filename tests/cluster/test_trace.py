@@ -58,6 +58,7 @@ def test_trace_of_a_straggling_sync_run(mirrored2, tmp_path):
     mirrored2.run(straggling_step)
     path = tmp_path / "trace.json"
     with ld.profile(path, mirrored2):
+        time.sleep(0.1)  # a margin for the clock offsets (~ms): all 10 steps inside
         for _ in range(10):
             mirrored2.run(straggling_step)
     trace = json.loads(path.read_text())

@@ -25,6 +25,7 @@ def big_all_reduce():
 def collective_seconds(strategy, steps: int) -> list[float]:
     """Per step of replica 0: the seconds its all-reduce took (wait + comm, as recorded)."""
     since = time.time()
+    time.sleep(0.1)  # a margin for the clock offsets measured later (~ms)
     for _ in range(steps):
         strategy.run(big_all_reduce)
     proc = next(p for p in timeline.collect(strategy.client, since)
@@ -70,6 +71,7 @@ def test_ps_pull_and_push_take_the_modelled_time():
             coordinator.join()
             model.apply(s)
             since = time.time()
+            time.sleep(0.1)  # a margin for the clock offsets measured later (~ms)
             for _ in range(4):
                 coordinator.schedule(pull_push)
                 coordinator.join()

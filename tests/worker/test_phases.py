@@ -39,9 +39,17 @@ def by_rank(processes: list[dict]) -> dict[int, dict]:
 def test_sync_straggler_makes_the_others_wait(mirrored2):
     mirrored2.run(straggling_step)  # warm (transport choice, function shipping)
     since = time.time()
+    time.sleep(0.1)  # a margin for the clock offsets measured later (~ms)
     for _ in range(STEPS):
         mirrored2.run(straggling_step)
-    procs = by_rank(timeline.collect(mirrored2.client, since))
+    collected = timeline.collect(mirrored2.client, since)
+    procs = by_rank(collected)
+    line = timeline.summary(collected)
+    assert line.startswith("sync: replica 1 was last to the collectives in 100 % of the last "
+                           ), line
+    said = int(line.split("waited ")[1].split(" ms")[0])
+    waited = 1e3 * statistics.mean(timeline.phase_totals(procs[0], "wait"))
+    assert abs(said - waited) <= 2, (line, waited)  # replica 0's mean wait, in words
     waits0 = timeline.phase_totals(procs[0], "wait")
     waits1 = timeline.phase_totals(procs[1], "wait")
     assert len(waits0) == STEPS, waits0
@@ -66,6 +74,7 @@ def test_async_ps_straggler_records_no_collective_wait():
                 v = ld.Variable(np.zeros(4))
             s.set_worker_delay(1, STRAGGLE_S)  # worker 1 sleeps before each push
             since = time.time()
+            time.sleep(0.1)  # a margin for the clock offsets measured later (~ms)
             values = [coordinator.schedule(lambda i: (v.assign_add(np.ones(4)), i)[1],
                                            args=(i,)) for i in range(20)]
             coordinator.join()
@@ -77,6 +86,7 @@ def test_async_ps_straggler_records_no_collective_wait():
     names = {sp[0] for sp in spans}
     assert {"step", "push", "apply"} <= names, names
     assert "wait" not in names  # no collective, no barrier: nobody waits for a peer
+    assert timeline.summary(procs) == "async: nobody waits for a peer; 20 pushes applied"
     pushes = {sp[4]["flow"] for sp in spans if sp[0] == "push"}
     applies = {sp[4]["flow"] for sp in spans if sp[0] == "apply"}
     assert applies and applies <= pushes  # every apply ties back to the push that caused it
