@@ -28,12 +28,13 @@ def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
     return {address: offset for address, (_, offset) in best.items()}
 
 
-def collect(client: Any | None, since: float = 0.0) -> list[dict[str, Any]]:
+def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS
+            ) -> list[dict[str, Any]]:
     """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
     process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`."""
     found = []
     if client is not None:
-        offsets = clock_offsets(client)
+        offsets = clock_offsets(client, rounds)
         snaps = client.run(phases.snapshot, since + min(offsets.values(), default=0.0) - 1.0)
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)

@@ -59,6 +59,22 @@ class TimelineChart(StreamChart):
         self._marks.append((time.time() if at is None else at, label))
         del self._marks[:-20]
 
+    def event(self, step: int, label: str) -> None:
+        """A mode switch at step `step` (the lab's publisher tells every chart)."""
+        self.mark(f"step {step}: {label}")
+
+    def reset(self) -> None:
+        """Start again (the lab's reset): no bars, no marks."""
+        self._marks.clear()
+        with self._delta_lock:
+            self._window = {"lanes": [], "bars": [], "marks": [], "end": 0.0}
+            self.note = ""
+            self._emit({"type": "snapshot", **self._snapshot()})
+
+    def refresh(self, client: Any, seconds: float = 3.0) -> None:
+        """Show what every process of `client`'s cluster recorded in the last `seconds`."""
+        self.show(timeline.collect(client, time.time() - seconds, rounds=2))
+
     def show(self, processes: list[dict[str, Any]]) -> None:
         """Draw the last `steps` steps of each lane of `processes` (timeline.collect's)."""
         lanes, bars = [], []

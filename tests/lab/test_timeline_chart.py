@@ -64,3 +64,28 @@ def test_the_module_parses_as_an_es_module(tmp_path):
     done = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_lab_panel_shows_who_waits(mirrored2):
+    from labdist.ui.panel import LabPanel
+
+    with ld.Lab(mirrored2, delays=[0.0, 0.05]) as lab:
+        panel = LabPanel(lab)
+        chart = panel.charts["timeline"]
+        try:
+            lab.run()
+            deadline = time.monotonic() + 60
+            while not chart.note.startswith("sync: replica 1 was last") \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lab.set(delays=[0.0, 0.0])  # a switch: marked on the timeline
+            deadline = time.monotonic() + 30
+            while not chart.window["marks"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lab.pause()
+        finally:
+            panel.close()
+    assert chart.note.startswith("sync: replica 1 was last"), chart.note
+    assert "delays" in chart.window["marks"][-1][1]
+    assert chart.window["lanes"] == ["replica 0", "replica 1"]
