@@ -1,6 +1,7 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
 from labdist import datasets, lab
+from labdist.cluster.trace import profile
 from labdist.collectives import compression
 from labdist.context import (
     get_replica_context,
@@ -32,6 +33,7 @@ from labdist.errors import (
 from labdist.input import InputContext, batches
 from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
+from labdist.network import NetworkModel
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
 from labdist.strategies import (
     MembershipChange,
@@ -62,6 +64,7 @@ __all__ = [
     "MembershipChange",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "NetworkModel",
     "OneDeviceStrategy",
     "OutOfRangeError",
     "ParameterServerLostError",
@@ -93,6 +96,7 @@ __all__ = [
     "losses",
     "models",
     "optimizers",
+    "profile",
     "to_host",
     "train",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import nest, phases
 from labdist.errors import OutOfRangeError
 from labdist.placed import PlacedArray
 from labdist.values import PerReplica
@@ -186,8 +186,9 @@ def run_steps(fn: Callable, args: tuple, kwargs: dict, steps: int, feeds: dict[s
     result = None
     for step in range(steps):
         now = list(leaves)
-        for i in slots:
-            now[i] = leaves[i].take(step, steps, feeds)
+        with phases.RECORDER.span("input"):  # waiting for this step's batch
+            for i in slots:
+                now[i] = leaves[i].take(step, steps, feeds)
         a, k = to_device(nest.unflatten(treedef, now))
         try:
             result = fn(*a, **k)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import network, phases
 from labdist.aggregation import Aggregation
 from labdist.collectives.compressed import CompressionState
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
@@ -55,8 +56,17 @@ class Communicator:
         With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
         what comes back from each peer is what it addressed to this rank.
         """
-        self.sent_bytes += payload_bytes(payload, self.rank, self.world, per_peer)
-        return self.host.exchange(seq, phase, sig, payload, what, per_peer)
+        sent = payload_bytes(payload, self.rank, self.world, per_peer)
+        self.sent_bytes += sent
+        start = phases.now()
+        got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
+        arrived = getattr(self.host, "last_arrival", None)
+        if network.CURRENT is not None:  # a modelled link: the data moves no faster than it
+            network.delay(sent, phases.now() - max(arrived or start, start))
+        phases.RECORDER.collective(start, arrived, phases.now(),
+                                   {"kind": what, "seq": seq, "bytes": sent,
+                                    "peers": self.world - 1})
+        return got
 
     def scratch(self, dtype: Any, n: int) -> np.ndarray:
         """A host array of `n` elements of `dtype` that the next call may hand out again: the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 from labdist.errors import (
@@ -28,9 +29,12 @@ class Mailbox:
         # (run, rank) -> ("done", n_collectives) | ("merge", seq) | ("failed", error text)
         self._peer_states: dict[tuple[int, int], tuple[str, Any]] = {}
         self._abandoned: str | None = None  # why every wait ends now: the driver is gone
+        self._arrived: dict[tuple[int, int, int, int], float] = {}  # wall time of each message
+        self.last_arrival = 0.0  # when the last message of the latest `collect` arrived
 
     def put(self, run: int, seq: int, phase: int, src: int, sig: Any, payload: Any) -> None:
         self._messages[(run, seq, phase, src)] = (sig, payload)
+        self._arrived[(run, seq, phase, src)] = time.time()
         event = self._wakeups.get((run, seq, phase))
         if event is not None:
             event.set()
@@ -53,6 +57,7 @@ class Mailbox:
         """Drop everything left over from earlier runs (an aborted run leaves messages behind)."""
         for key in [k for k in self._messages if k[0] < run]:
             del self._messages[key]
+            self._arrived.pop(key, None)
         for key in [k for k in self._peer_states if k[0] < run]:
             del self._peer_states[key]
 
@@ -67,6 +72,8 @@ class Mailbox:
             while True:
                 missing = [s for s in sources if (run, seq, phase, s) not in self._messages]
                 if not missing:
+                    self.last_arrival = max(
+                        self._arrived.pop((run, seq, phase, s), 0.0) for s in sources)
                     return {s: self._messages.pop((run, seq, phase, s)) for s in sources}
                 for s in missing:
                     self._raise_if_gone(run, seq, s, what)

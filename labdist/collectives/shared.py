@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist import network
+
 # From this many bytes a group on shared memory reduce-scatters: below it, one exchange in
 # which every rank sums everything is cheaper than a second barrier.
 SEGMENT_MIN_BYTES = 64 << 10
@@ -22,8 +24,10 @@ PAIR_SEGMENT_MIN_BYTES = 1 << 20
 
 
 def shared_reads(comm: Any) -> bool:
-    """Whether every peer reads this rank's messages in place (so publish once, not per peer)."""
-    return getattr(comm.host, "name", None) == "shm"
+    """Whether every peer reads this rank's messages in place (so publish once, not per peer).
+    Never under a network model: it stands for a real link, where each peer gets its own
+    segment, so the algorithms run as they would over one."""
+    return network.CURRENT is None and getattr(comm.host, "name", None) == "shm"
 
 
 def segment_min_bytes(comm: Any, generic: int) -> int:

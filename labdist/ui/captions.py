@@ -57,4 +57,9 @@ def captions(config: RunConfig) -> dict[str, str]:
     return {"track": track, "spread": spread,
             "loss": "each replica's loss on its own shard, and the global loss (log scale)",
             "throughput": throughput, "staleness": staleness,
-            "plane": "each replica's path over the loss surface; circles mark switches"}
+            "plane": "each replica's path over the loss surface; circles mark switches",
+            "timeline": ("sync: a straggler's peers wait at each all-reduce (orange)"
+                         if not config.kind.is_ps else
+                         "PS: workers pull, compute and push; nobody waits for a peer"
+                         if config.kind.ps_mode == "async" else
+                         "PS sync: workers wait at the barrier for the slowest push")}

@@ -17,6 +17,7 @@ from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
 from labdist.ui.publisher import NO_PS_NOTE, Publisher
 from labdist.ui.replica_buttons import ReplicaButtons
+from labdist.ui.timeline import TimelineChart
 
 # the charts that tell the current mode's story, first one on top (in view beside the
 # controls at 1280 x 800 with JupyterLab's file browser open)
@@ -47,6 +48,7 @@ def make_charts(lab) -> dict:
         title="parameter-server staleness", x_label="staleness (updates between read and "
         "apply)", y_label="updates",
         note=NO_PS_NOTE)
+    charts["timeline"] = TimelineChart(title="where the time goes: each process's last steps")
     if lab.model.plane:
         a, b = lab.model.plane
         charts["plane"] = ParameterPlane(

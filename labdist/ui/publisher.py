@@ -21,6 +21,7 @@ from labdist.ui.captions import captions
 
 RATE_HZ = 20
 STATUS_HZ = 5
+TIMELINE_EVERY_S = 1.0  # the timeline gathers every process's phases: not every frame
 GRID = 56  # the loss surface's resolution per axis
 NO_PS_NOTE = ("0 updates · torn reads: 0 · lost updates: 0 (no parameter-server steps in "
               "this mode yet)")
@@ -58,6 +59,10 @@ class Publisher:
         self._unsubscribe = lab.subscribe(self._put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
+        self._timeline_thread = threading.Thread(target=self._timeline_loop, daemon=True,
+                                                 name="labdist-lab-timeline")
+        if "timeline" in charts:  # on a thread of its own: gathering takes round trips
+            self._timeline_thread.start()
 
     def _put(self, item: dict) -> None:
         """Steps wait for the next frame (at most RATE_HZ a second); an event (a click
@@ -72,6 +77,8 @@ class Publisher:
         self._stop.set()
         self._wake.set()
         self._thread.join(5)
+        if self._timeline_thread.is_alive():
+            self._timeline_thread.join(5)
 
     def _loop(self) -> None:
         period = 1.0 / RATE_HZ
@@ -178,6 +185,13 @@ class Publisher:
             self.arrange(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
+
+    def _timeline_loop(self) -> None:
+        while not self._stop.wait(TIMELINE_EVERY_S):
+            if self.lab.state == "running":
+                client = getattr(self.lab.strategy, "client", None)
+                if client is not None:
+                    self._safe(self.charts["timeline"].refresh, client)
 
     def _ps_stats(self, item: dict) -> None:
         seen = Counter({int(k): v for k, v in item["staleness"].items()})

@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import nest, phases
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
-from labdist.worker import handover
+from labdist.worker import handover, metrics
 from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
@@ -168,8 +168,10 @@ class ReplicaCore:
             except BaseException as e:  # reported to the driver, which re-raises it
                 event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
                                   warnings=ctx.warnings, remote_traceback=traceback.format_exc())
+            stop = time.time()
+            phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id})
             if self.steps is not None:
-                self.steps.record(start, time.time(), ctx._seq)
+                self.steps.record(start, stop, ctx._seq)
             self._signal(event, next_event=None)
 
     def _signal(self, event: StepEvent, next_event: Future | None) -> None:
@@ -221,6 +223,7 @@ class Replica:
             comm = Communicator.local()
         self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
         self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
+        metrics.register()  # steps and phases on this worker's /metrics
         self._fns = LoadedFunctions()
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None  # the driver's fast lane, once opened

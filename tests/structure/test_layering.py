@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
               "labdist.enums", "labdist.errors", "labdist.input", "labdist.input_pipelines",
-              "labdist.nest", "labdist.placed", "labdist.shipping", "labdist.values")),
+              "labdist.nest", "labdist.network", "labdist.phases", "labdist.placed",
+              "labdist.shipping", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")

@@ -74,6 +74,7 @@ class DaskTransport:
         ]
         try:
             got = await ep.mailbox.collect(run, seq, phase, others, ep.timeout, what)
+            self.last_arrival = ep.mailbox.last_arrival  # for the recorded `wait` (phases.py)
             await asyncio.gather(*sends)
         finally:
             for s in sends:

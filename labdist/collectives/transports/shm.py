@@ -216,6 +216,7 @@ class ShmTransport:
         where it came over Dask comms."""
         words = self._peer_words[r][slot]
         self._wait(r, words, stamp, seq, phase, what)
+        self.last_arrival = time.time()  # peers are read in rank order: the last one's is all's
         generation, nonce, size, meta_off, meta_len = (int(w) for w in words[1:])
         if generation == area.FALLBACK:
             return self._dask.receive(self.run, seq, phase, r, what)  # addressed to us

@@ -37,6 +37,8 @@ from collections.abc import Callable, Hashable, Iterable
 
 import numpy as np
 
+from labdist import phases
+
 HISTORY = 256  # finished updates remembered per variable, to name what an assign overwrites
 CHUNK_HISTORY = 32  # writes remembered per chunk until no update is in flight (few overlap)
 
@@ -141,7 +143,9 @@ class ChunkedValue:
         updates this one made lost, each named once, None where not known)."""
         record = _Update(owner)
         if locking:
+            asked = phases.now()
             with self._write_lock:
+                phases.RECORDER.add("lock", asked, phases.now())
                 return self._copy_on_write(kernel, delay, record, basis)
         return self._in_place(kernel, delay, record, basis)
 

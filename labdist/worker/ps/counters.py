@@ -13,6 +13,9 @@ class StoreCounters:
 
     def __init__(self):
         self._lock = threading.Lock()
+        # never reset (Prometheus counters only grow): reads, torn_reads, updates, lost_updates
+        self.lifetime: Counter[str] = Counter()
+        self.lifetime_staleness: Counter[int] = Counter()
         self.reset()
 
     def reset(self) -> None:
@@ -34,6 +37,8 @@ class StoreCounters:
         with self._lock:
             self.reads += variables
             self.torn_reads += torn
+            self.lifetime["reads"] += variables
+            self.lifetime["torn_reads"] += torn
 
     def applied(self, worker: int | None, staleness: int | None, interleaved: int) -> None:
         """One push applied (async), or one worker's gradients accepted (sync)."""
@@ -41,8 +46,10 @@ class StoreCounters:
         with self._lock:
             self.updates += 1
             self.interleaved += interleaved
+            self.lifetime["updates"] += 1
             if staleness is not None:
                 self.staleness[staleness] += 1
+                self.lifetime_staleness[staleness] += 1
             if worker is not None:
                 self.per_worker[worker] += 1
             self.first = now if self.first is None else self.first
@@ -55,6 +62,7 @@ class StoreCounters:
             return
         with self._lock:
             self.lost_updates += len(owners)
+            self.lifetime["lost_updates"] += len(owners)
             for owner in owners:
                 if owner is not None:
                     self.lost_per_worker[owner[0]] += 1

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from labdist import aggregation
+from labdist import aggregation, phases
+from labdist.worker import metrics
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
 from labdist.worker.ps.counters import StoreCounters
 from labdist.worker.ps.shm_server import ShmServer
@@ -50,6 +51,7 @@ class ParameterStore:
         self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
         self.chunk_delay = 0.0
         self.counters = StoreCounters()
+        metrics.register(self)  # its counters on this worker's /metrics
         self.clock = 0  # pushes applied here (async): what staleness is measured in
         self._clock_lock = threading.Lock()
         self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"
@@ -274,6 +276,7 @@ class ParameterStore:
         variables between the worker's read and this update's start. `owner` (worker, the
         function's key) made it: what it overwrites of others' is lost (chunked.py)."""
         staleness, interleaved = None, 0
+        start = phases.now()
         for var_id, kind, array, _ in items:
             overlapped, prior, lost = self._update(var_id, kind, array, None, owner,
                                                    basis.get(var_id))
@@ -286,6 +289,8 @@ class ParameterStore:
             self.clock += 1
             clock = self.clock
         self.counters.applied(worker, staleness, interleaved)
+        phases.RECORDER.add("apply", start, phases.now(), {
+            "worker": worker, "staleness": staleness, "flow": phases.flow_id(*owner)})
         return {"status": "applied", "global_step": clock,
                 "values": self._values_of(items) if want else None}
 

@@ -24,13 +24,14 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from labdist import nest
+from labdist import nest, network, phases
 from labdist.collectives import Communicator
 from labdist.devices import NUMPY
 from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.input import InputContext
 from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
+from labdist.worker import metrics
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
 from labdist.worker.ps.outcome import Ending, Outcome
@@ -102,6 +103,7 @@ class ParameterServerWorker:
         self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
+        metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
 
@@ -148,9 +150,11 @@ class ParameterServerWorker:
             if self.bounded:
                 self.call_all([(0, "ssp_begin", (self.index,))])
             args, kwargs = self._resolve(args), self._resolve(kwargs)
+            start = phases.now()
             with enter(ctx):
                 result = fn(*args, **kwargs)
             ctx.flush()
+            phases.RECORDER.step(start, phases.now(), {"worker": self.index})
             cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
             return Outcome.ok(result)
         except Retry:
@@ -288,7 +292,12 @@ class WorkerContext(ReplicaContext):
         by_shard = self._shards(var_ids, {var_ids[0]: name} if name else None)
         calls = [(s, "pull", (ids, step)) for s, ids in by_shard.items()]
         values: dict[int, np.ndarray] = {}
-        replies = self._executor.call_all(calls)
+        with phases.RECORDER.span("pull", {"worker": self.worker_index}):
+            start = phases.now()
+            replies = self._executor.call_all(calls)
+            if network.CURRENT is not None and None not in replies:  # a modelled link
+                network.delay(sum(a.nbytes for got, _, _ in replies for a in got.values()),
+                              phases.now() - start)
         if None in replies:  # released from a step's barrier (a worker was lost): not yet
             raise Retry()
         for (shard, _, _), (got, versions, at) in zip(calls, replies, strict=True):
@@ -330,7 +339,14 @@ class WorkerContext(ReplicaContext):
             calls.append((shard, "push", (self.worker_index, mine, basis, at, key, want,
                                           weight)))
         statuses, values, waits = set(), {}, []
-        for (shard, _, _), r in zip(calls, self._executor.call_all(calls), strict=True):
+        with phases.RECORDER.span("push", {"worker": self.worker_index,
+                                           "flow": phases.flow_id(self.worker_index, key)}):
+            start = phases.now()
+            replies = self._executor.call_all(calls)
+            if network.CURRENT is not None:  # a modelled link: no faster than it
+                network.delay(sum(np.asarray(item[2]).nbytes for item in items),
+                              phases.now() - start)
+        for (shard, _, _), r in zip(calls, replies, strict=True):
             values.update(r["values"] or {})
             if barrier and r.get("wait") is not None:
                 wait_step, release = r["wait"]

@@ -1,0 +1,88 @@
+"""Gather every process's recorded phases (labdist/phases.py) on the driver, on one clock.
+
+Each worker's clock offset against the driver is measured by round trips (`client.run`): the
+offset is the worker's reading minus the midpoint of the round trip, from the round trip that
+was fastest, so a span's time on the driver's clock is its recorded time minus the offset.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from labdist import phases
+
+ROUND_TRIPS = 5
+
+
+def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
+    """Worker address -> seconds its wall clock runs ahead of the driver's."""
+    best: dict[str, tuple[float, float]] = {}
+    for _ in range(rounds):
+        t0 = time.time()
+        readings = client.run(phases.clock)
+        t1 = time.time()
+        for address, reading in readings.items():
+            if address not in best or t1 - t0 < best[address][0]:
+                best[address] = (t1 - t0, reading - (t0 + t1) / 2)
+    return {address: offset for address, (_, offset) in best.items()}
+
+
+def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS
+            ) -> list[dict[str, Any]]:
+    """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
+    process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`."""
+    found = []
+    if client is not None:
+        offsets = clock_offsets(client, rounds)
+        snaps = client.run(phases.snapshot, since + min(offsets.values(), default=0.0) - 1.0)
+        for address, snap in sorted(snaps.items()):
+            off = offsets.get(address, 0.0)
+            spans = [(n, s - off, e - off, t, a) for n, s, e, t, a in snap["spans"]
+                     if s - off >= since]  # begun in the window
+            found.append({**snap, "name": address, "offset": off, "spans": spans})
+    local = phases.snapshot(since)
+    if all(p["pid"] != local["pid"] for p in found):  # a LocalCluster with threads: no twice
+        local["spans"] = [s for s in local["spans"] if s[1] >= since]
+        found.append({**local, "name": "driver", "offset": 0.0})
+    return found
+
+
+def phase_totals(process: dict[str, Any], name: str) -> list[float]:
+    """Per step of `process`: the seconds of phase `name` inside it (a test's and the panel's
+    question: how long did replica 0 wait per step)."""
+    steps = [s for s in process["spans"] if s[0] == phases.STEP]
+    inner = [s for s in process["spans"] if s[0] == name]
+    return [sum(min(e, se) - max(s, ss) for _, s, e, t, _ in inner
+                if t == st and s < se and e > ss)
+            for _, ss, se, st, _ in steps]
+
+
+def summary(processes: list[dict[str, Any]], last: int = 100) -> str:
+    """The timeline's line in words. Sync replicas: who was last to the collectives and how
+    long the others waited; parameter servers: no waiting, and how stale pushes landed."""
+    per_run: dict[int, dict[int, float]] = {}  # run -> rank -> seconds waited
+    for proc in processes:
+        steps = [s for s in proc["spans"]
+                 if s[0] == phases.STEP and s[4] and "rank" in s[4] and "run" in s[4]]
+        for span, waited in zip(steps, phase_totals({"spans": proc["spans"]}, "wait"),
+                                strict=False):
+            per_run.setdefault(span[4]["run"], {})[span[4]["rank"]] = waited
+    runs = [per_run[r] for r in sorted(per_run) if len(per_run[r]) > 1][-last:]
+    if runs:
+        lasts = [min(w, key=w.get) for w in runs]  # the last to arrive never waits
+        slowest = max(set(lasts), key=lasts.count)
+        share = 100 * lasts.count(slowest) / len(runs)
+        others = [waited for w in runs for rank, waited in w.items() if rank != slowest]
+        mean = 1e3 * sum(others) / max(len(others), 1)
+        return (f"sync: replica {slowest} was last to the collectives in {share:.0f} % of the "
+                f"last {len(runs)} steps; the others waited {mean:.0f} ms per step")
+    applies = [s for p in processes for s in p["spans"] if s[0] == "apply"][-last:]
+    if not applies:
+        return "no steps recorded yet"
+    line = f"async: nobody waits for a peer; {len(applies)} pushes applied"
+    stale = sorted(s[4]["staleness"] for s in applies
+                   if s[4] and s[4].get("staleness") is not None)
+    if stale:
+        line += (f", {stale[len(stale) // 2]} updates stale (median), {stale[-1]} at most")
+    return line

@@ -1,0 +1,170 @@
+"""Where a process's time goes: spans of named phases in a bounded ring buffer, always on.
+
+Every replica, parameter-server worker and parameter server records into its process's
+`RECORDER`: a step's start and end, a collective's wait (arrived, peers not yet) and data
+movement, an optimizer apply, a PS pull or push and its lock wait, waiting for input. One
+span is one `deque.append` of a tuple (wall-clock seconds, the clock every process shares up
+to a measured offset); nothing is formatted or sent until someone asks (`snapshot`). The
+buffer keeps the last `CAPACITY` spans, so a long run stays bounded. `compute` is what a
+step's time is when no other phase covers it, derived in `snapshot`, not recorded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import threading
+import time
+import zlib
+from collections import deque
+from contextlib import contextmanager
+from typing import Any
+
+PHASES = ("compute", "wait", "comm", "apply", "pull", "push", "lock", "input", "driver")
+STEP = "step"  # the span a step's phases lie in (its remainder is `compute`)
+CAPACITY = 1 << 16  # spans kept per process: the last ones, for a long run
+
+# upper bounds (seconds) of the phase histograms' buckets, the last one open
+BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+           10.0, math.inf)
+
+now = time.time
+
+
+class Recorder:
+    """A process's spans: (name, start, end, thread id, args or None), plus running totals that
+    outlive the ring (Prometheus's histograms and counters: labdist/worker/metrics.py)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.spans: deque[tuple[str, float, float, int, dict | None]] = deque(maxlen=capacity)
+        self.steps = 0  # steps recorded since the process started (the ring drops old ones)
+        self.collective_bytes = 0  # array bytes this process sent in collectives
+        self.histograms: dict[str, list] = {}  # phase -> [count per BUCKETS bucket..., sum]
+        self._covered: dict[int, float] = {}  # thread -> seconds of phases in its open step
+        self._lock = threading.Lock()
+        self.enabled = True  # off only to measure what recording costs (bench/bench_time.py)
+
+    def _record(self, name: str, start: float, end: float, tid: int, args: dict | None
+                ) -> None:
+        if not self.enabled:
+            return
+        self.spans.append((name, start, end, tid, args))
+        seconds = end - start
+        with self._lock:
+            if name == STEP:
+                self.steps += 1
+                self._count("compute", max(seconds - self._covered.pop(tid, 0.0), 0.0))
+            else:
+                self._covered[tid] = self._covered.get(tid, 0.0) + seconds
+                self._count(name, seconds)
+
+    def _count(self, name: str, seconds: float) -> None:
+        hist = self.histograms.get(name)
+        if hist is None:
+            hist = self.histograms[name] = [0] * len(BUCKETS) + [0.0]
+        hist[bisect.bisect_left(BUCKETS, seconds)] += 1
+        hist[-1] += seconds
+
+    def histogram_copies(self) -> dict[str, list]:
+        """phase -> [count per BUCKETS bucket..., sum of seconds], a consistent copy."""
+        with self._lock:
+            return {name: list(h) for name, h in self.histograms.items()}
+
+    def add(self, name: str, start: float, end: float, args: dict | None = None) -> None:
+        self._record(name, start, end, threading.get_ident(), args)
+
+    def step(self, start: float, end: float, args: dict | None = None) -> None:
+        self._record(STEP, start, end, threading.get_ident(), args)
+
+    @contextmanager
+    def span(self, name: str, args: dict | None = None):
+        start = now()
+        try:
+            yield
+        finally:
+            self._record(name, start, now(), threading.get_ident(), args)
+
+    def collective(self, start: float, arrived: float | None, end: float, args: dict) -> None:
+        """One collective's exchange: `wait` from our arrival until the last peer's message
+        arrived (`arrived`; None: the transport cannot tell, all of it is `comm`), then
+        `comm` until the data is ours."""
+        tid = threading.get_ident()
+        split = start if arrived is None else min(max(arrived, start), end)
+        if split > start:
+            self._record("wait", start, split, tid, args)
+        self._record("comm", split, end, tid, args)
+        if self.enabled:
+            self.collective_bytes += args.get("bytes", 0)
+
+    def clear(self) -> None:
+        self.spans.clear()
+
+    def snapshot(self, since: float = 0.0) -> dict[str, Any]:
+        """The spans that ended after `since`, with `compute` filled in, plus what identifies
+        this process and its threads (for one track per process and thread)."""
+        spans = [s for s in list(self.spans) if s[2] >= since]
+        return {"pid": os.getpid(), "now": now(), "steps": self.steps,
+                "threads": {t.ident: t.name for t in threading.enumerate()},
+                "spans": spans + compute_spans(spans)}
+
+
+def compute_spans(spans: list[tuple]) -> list[tuple]:
+    """Each step's time that no other phase of its thread covers, as `compute` spans."""
+    by_thread: dict[int, list[tuple]] = {}
+    for s in spans:
+        if s[0] != STEP:
+            by_thread.setdefault(s[3], []).append(s)
+    for inner in by_thread.values():
+        inner.sort(key=lambda s: s[1])
+    out = []
+    for name, start, end, tid, args in spans:
+        if name != STEP:
+            continue
+        at = start
+        for s in by_thread.get(tid, ()):
+            if s[2] <= start or s[1] >= end:
+                continue
+            if s[1] > at:
+                out.append(("compute", at, s[1], tid, args))
+            at = max(at, s[2])
+        if end > at:
+            out.append(("compute", at, end, tid, args))
+    return out
+
+
+RECORDER = Recorder()
+
+
+def snapshot(since: float = 0.0) -> dict[str, Any]:
+    """This process's recorded spans (run on a worker by `client.run`)."""
+    return RECORDER.snapshot(since)
+
+
+def flow_id(worker: int, key: Any) -> int:
+    """The id that ties a PS push to the apply it caused (a trace's flow arrow)."""
+    def plain(x):  # a key that crossed Dask's msgpack comes back with lists for tuples
+        return tuple(plain(v) for v in x) if isinstance(x, list | tuple) else x
+    return zlib.crc32(repr((worker, plain(key))).encode())  # the same in every process
+
+
+def clock() -> float:
+    """This process's wall clock (for the driver's offset measurement)."""
+    return now()
+
+
+def set_capacity(spans: int) -> int:
+    """Keep the last `spans` spans in this process from now on (the most recent ones carry
+    over); returns the previous capacity."""
+    if isinstance(spans, bool) or not isinstance(spans, int) or spans < 1:
+        raise ValueError(f"spans={spans!r} is not allowed; use an int >= 1")
+    previous = RECORDER.spans.maxlen or CAPACITY
+    RECORDER.spans = deque(RECORDER.spans, maxlen=spans)
+    return previous
+
+
+def set_enabled(on: bool) -> bool:
+    """Record (True, the default) or not, in this process; returns the previous setting. Off
+    exists to measure recording's own cost: the timeline, traces and metrics need it on."""
+    previous, RECORDER.enabled = RECORDER.enabled, bool(on)
+    return previous

@@ -1,0 +1,106 @@
+"""The trace file (issue 27, item 3): `ld.profile(path)` writes a Chrome Trace Event Format
+file that validates (complete spans, time-ordered tracks, every process present) and shows a
+straggler's peers waiting at the all-reduce; an unwritable path fails before the body runs; a
+long run's trace stays bounded. Real worker processes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist import phases
+
+STRAGGLE_S = 0.05
+
+
+def straggling_step():
+    ctx = ld.get_replica_context()
+    if ctx.replica_id_in_sync_group == 1:
+        time.sleep(STRAGGLE_S)
+    return ctx.all_reduce("SUM", np.ones(32))
+
+
+def validate(trace: dict) -> list[dict]:
+    """What Perfetto and chrome://tracing need: known phases, numbers for times, each track in
+    time order, spans nested or apart on a track (never crossing), every flow start with its
+    end. Returns the spans."""
+    events = trace["traceEvents"]
+    assert {e["ph"] for e in events} <= {"M", "X", "s", "f"}
+    spans = [e for e in events if e["ph"] == "X"]
+    tracks: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], int | float) and isinstance(e["pid"], int)
+            tracks[(e["pid"], e["tid"])].append(e)
+    for track in tracks.values():
+        stamps = [e["ts"] for e in track]
+        assert stamps == sorted(stamps)  # monotonic per track, in file order
+        open_ends: list[float] = []
+        for e in (e for e in track if e["ph"] == "X"):
+            assert e["dur"] >= 0
+            while open_ends and open_ends[-1] <= e["ts"] + 1e-3:
+                open_ends.pop()
+            assert not open_ends or e["ts"] + e["dur"] <= open_ends[-1] + 1e-3, e  # nested
+            open_ends.append(e["ts"] + e["dur"])
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    assert starts == {e["id"] for e in events if e["ph"] == "f"}
+    return spans
+
+
+@pytest.mark.timeout(120)
+def test_trace_of_a_straggling_sync_run(mirrored2, tmp_path):
+    mirrored2.run(straggling_step)
+    path = tmp_path / "trace.json"
+    with ld.profile(path, mirrored2):
+        time.sleep(0.1)  # a margin for the clock offsets (~ms): all 10 steps inside
+        for _ in range(10):
+            mirrored2.run(straggling_step)
+    trace = json.loads(path.read_text())
+    spans = validate(trace)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    workers = mirrored2.client.scheduler_info()["workers"]
+    assert all(any(w in n for n in names) for w in workers), names  # every process present
+    replica0 = next(e["pid"] for e in trace["traceEvents"]
+                    if e["name"] == "process_name" and "(replica 0)" in e["args"]["name"])
+    waits = [e["dur"] / 1e3 for e in spans if e["pid"] == replica0 and e["name"] == "wait"]
+    assert len(waits) >= 10 and 45 <= statistics.median(waits) <= 60, waits  # ms
+    collectives = [e for e in spans if e["name"] in ("wait", "comm")]
+    assert all(e["args"]["bytes"] == 32 * 8 and e["args"]["peers"] == 1 and e["args"]["kind"]
+               for e in collectives)
+    assert {"step", "compute", "comm", "wait"} <= {e["name"] for e in spans}
+
+
+def test_unwritable_path_fails_before_the_body(tmp_path):
+    ran = []
+    for bad in (tmp_path / "missing" / "trace.json", tmp_path):
+        with pytest.raises(ValueError, match=r"profile\(path=.*cannot write"), \
+                ld.profile(bad):
+            ran.append(bad)
+    assert ran == []
+
+
+@pytest.mark.timeout(120)
+def test_a_long_run_stays_bounded(mirrored2, tmp_path):
+    keep = 40
+    client = mirrored2.client
+    before = client.run(phases.set_capacity, keep)
+    try:
+        path = tmp_path / "long.json"
+        with ld.profile(path, mirrored2):
+            for _ in range(60):  # ~4 spans a step on each replica
+                mirrored2.run(lambda: ld.get_replica_context().all_reduce("SUM", 1.0))
+        spans = validate(json.loads(path.read_text()))
+        per_process = defaultdict(int)
+        for e in spans:
+            if e["name"] != "compute":  # derived from the steps kept
+                per_process[e["pid"]] += 1
+        assert len(per_process) >= 2 and max(per_process.values()) <= keep, per_process
+    finally:
+        for address, capacity in before.items():
+            client.run(phases.set_capacity, capacity, workers=[address])

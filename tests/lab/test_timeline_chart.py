@@ -1,0 +1,91 @@
+"""The timeline panel's chart (issue 27, item 2): lanes per replica, the last steps as bars
+coloured by phase, the mode switches marked, and the line in words, from phases recorded on
+real worker processes; its ES module parses. (Not yet in the lab's panel, nor in a browser.)"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import labdist as ld
+from labdist.cluster import timeline
+from labdist.ui.stream import esm
+from labdist.ui.timeline import PHASE_COLORS, TimelineChart
+
+
+def straggling_step():
+    ctx = ld.get_replica_context()
+    if ctx.replica_id_in_sync_group == 1:
+        time.sleep(0.03)
+    return ctx.all_reduce("SUM", np.ones(8))
+
+
+@pytest.mark.timeout(120)
+def test_a_straggler_shows_as_the_other_lane_waiting(mirrored2):
+    mirrored2.run(straggling_step)
+    since = time.time()
+    time.sleep(0.1)  # a margin for the clock offsets
+    chart = TimelineChart(steps=5)
+    for _ in range(3):
+        mirrored2.run(straggling_step)
+    chart.mark("sync → async")
+    for _ in range(9):
+        mirrored2.run(straggling_step)
+    processes = timeline.collect(mirrored2.client, since)
+    chart.show(processes)
+    window = chart.window
+    assert window["lanes"] == ["replica 0", "replica 1"]
+    waits = {lane: sum(b - a for ln, a, b, p in window["bars"] if ln == lane and p == "wait")
+             for lane in (0, 1)}
+    assert waits[0] > 5 * 25 and waits[1] < 5 * 10, waits  # ms over the last 5 steps
+    steps0 = sum(1 for ln, _, _, p in window["bars"] if ln == 0 and p == "wait")
+    assert steps0 == 5  # the last `steps` steps only, one wait each
+    assert all(p in PHASE_COLORS for *_, p in window["bars"])
+    assert all(b <= 0 for _, _, b, _ in window["bars"])  # ms before the latest span
+    ((at, label),) = window["marks"]
+    assert label == "sync → async" and at < 0
+    assert chart.note == timeline.summary(processes)
+    assert chart.note.startswith("sync: replica 1 was last to the collectives")
+
+
+def test_bad_steps_is_refused():
+    with pytest.raises(ValueError, match=r"steps=0 is not allowed; use an int >= 1"):
+        TimelineChart(steps=0)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_module_parses_as_an_es_module(tmp_path):
+    path = tmp_path / "timeline.mjs"
+    path.write_text(esm("timeline"))
+    done = subprocess.run(["node", "--check", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_lab_panel_shows_who_waits(mirrored2):
+    from labdist.ui.panel import LabPanel
+
+    with ld.Lab(mirrored2, delays=[0.0, 0.05]) as lab:
+        panel = LabPanel(lab)
+        chart = panel.charts["timeline"]
+        try:
+            lab.run()
+            deadline = time.monotonic() + 60
+            while not chart.note.startswith("sync: replica 1 was last") \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lab.set(delays=[0.0, 0.0])  # a switch: marked on the timeline
+            deadline = time.monotonic() + 30
+            while not chart.window["marks"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lab.pause()
+        finally:
+            panel.close()
+    assert chart.note.startswith("sync: replica 1 was last"), chart.note
+    assert "delays" in chart.window["marks"][-1][1]
+    assert chart.window["lanes"] == ["replica 0", "replica 1"]
