@@ -23,7 +23,7 @@ import numpy as np
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.input import shard_bounds
-from labdist.lab import steps
+from labdist.lab import communication_modes, steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
 from labdist.values import PerReplica
@@ -53,6 +53,10 @@ class StepRecord:
     values: np.ndarray  # (replicas, parameters): each copy after the step (PS: what it read)
     contributions: int  # gradients applied (one per replica / worker update)
     worker: int | None = None  # async PS: whose update this step is (one worker's, alone)
+    # mirrored with a communication mode on: per replica `bytes` sent and error feedback's
+    # `residual_norm`; `since` (inner steps into the round), and when a round closed this
+    # step, the norms of the averaged pseudo-gradient and of the outer step (else None)
+    communication: dict | None = None
     time: float = field(default_factory=time.time)
 
     @property
@@ -80,6 +84,7 @@ class MirroredEngine:
         self._sets: dict[tuple[Sync, Agg], dict[str, Variable]] = {}
         self.variables: dict[str, Variable] | None = None
         self._latest: list[np.ndarray] | None = None  # every copy, as the last step left it
+        self.modes = communication_modes.Modes(strategy)
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -105,6 +110,7 @@ class MirroredEngine:
                                       args=(variables, PerReplica(values)))
         self.variables = variables
         self._latest = [np.array(c, np.float64) for c in copies]
+        self.modes.use(config, variables)
 
     def copies(self) -> list[np.ndarray]:
         """Every copy now: what the last step returned (exactly what the replicas hold)."""
@@ -128,15 +134,26 @@ class MirroredEngine:
                 PerReplica([x[b[r]:b[r + 1]] for r in range(n)]),
                 PerReplica([y[b[r]:b[r + 1]] for r in range(n)]),
                 config.learning_rate, config.skew, PerReplica(list(config.delays)), average)
-        out = self.strategy.run(steps.mirrored_step, args=args)
-        losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+        comm = None
+        if self.modes.active:  # compression / local SGD on (or a residual or round owed)
+            args = (self.variables, self.modes.outer, *args[1:7],
+                    config.aggregation is Agg.MEAN)
+            out = self.strategy.run(steps.communicating_step, args=args)
+            losses, sizes, flats, infos = (self.strategy.experimental_local_results(o)
+                                           for o in out)
+            comm = self.modes.record(infos)
+        else:
+            out = self.strategy.run(steps.mirrored_step, args=args)
+            losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
         self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
-                           np.stack(flats), contributions=n)]
+                           np.stack(flats), contributions=n, communication=comm)]
 
     def configure(self, config: RunConfig) -> None:
-        """Nothing to set ahead: delays, learning rate and skew travel with every step (the
-        apply delay is a parameter-server knob)."""
+        """The communication modes are set ahead (on the replicas, as a step of their own);
+        delays, learning rate and skew travel with every step (the apply delay is a
+        parameter-server knob)."""
+        self.modes.configure(config)
 
     def drain(self) -> list[StepRecord]:
         return []
@@ -145,4 +162,5 @@ class MirroredEngine:
         return None
 
     def close(self) -> None:
+        self.modes.close()
         self.variables = None
