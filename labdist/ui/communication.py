@@ -131,7 +131,12 @@ class Controls:
         self.outer_lr.disabled = self.outer_momentum.disabled = off or not config.local_steps
 
     def widgets(self) -> list[w.Widget]:
-        head = w.HTML("<div style='margin:6px 0 0 2px;font-weight:600'>less communication "
-                      "(mirrored ON_WRITE)</div>")
-        return [head, self.compression, self.topk_ratio, self.powersgd_rank, self.local_steps,
-                self.outer_lr, self.outer_momentum]
+        """One closed section: the column above still fits beside the lead chart at
+        1280 x 800; opened, it shows the six controls."""
+        box = w.VBox([self.compression, self.topk_ratio, self.powersgd_rank, self.local_steps,
+                      self.outer_lr, self.outer_momentum])
+        self.section = w.Accordion(children=[box], selected_index=None,
+                                   layout=w.Layout(width="300px"))
+        self.section.set_title(0, "less communication (mirrored ON_WRITE)")
+        self.section.add_class("labdist-communication")
+        return [self.section]
