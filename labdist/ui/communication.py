@@ -12,8 +12,8 @@ import ipywidgets as w
 from labdist.lab.config import COMPRESSIONS, RunConfig
 from labdist.ui.line_chart import LineChart
 
-WIDE = w.Layout(width="290px")
-STYLE = {"description_width": "110px"}
+WIDE = w.Layout(width="262px")  # inside the section's padding
+STYLE = {"description_width": "112px"}
 NAMES = ("bytes", "residual", "outer")
 NAN = float("nan")
 
@@ -85,13 +85,14 @@ class Controls:
     through the lab controls' `changed` / `quiet` (a shown value is not sent back)."""
 
     def __init__(self, changed, quiet):
-        self.compression = w.ToggleButtons(
-            options=list(COMPRESSIONS), tooltip="the gradient all-reduce's compressor",
-            style={"button_width": "54px", "description_width": "0px"},
-            layout=w.Layout(width="300px"))
-        self.topk_ratio = w.FloatLogSlider(value=0.01, base=10, min=-3, max=0, step=0.1,
-                                           description="top-k ratio", style=STYLE,
-                                           layout=WIDE, readout_format=".3g")
+        self.compression = w.Dropdown(
+            options=list(COMPRESSIONS), description="compression", style=STYLE, layout=WIDE,
+            tooltip="the gradient all-reduce's compressor")
+        # a number box, not a log slider: one drawn while the section is closed shows its
+        # minimum once opened
+        self.topk_ratio = w.BoundedFloatText(value=0.01, min=1e-4, max=1.0, step=0.005,
+                                             description="top-k ratio", style=STYLE,
+                                             layout=WIDE)
         self.powersgd_rank = w.IntSlider(value=1, min=1, max=8, description="PowerSGD rank",
                                          style=STYLE, layout=WIDE)
         self.local_steps = w.IntSlider(value=0, min=0, max=64, description="local steps H",
@@ -101,7 +102,8 @@ class Controls:
         self.outer_lr = w.FloatSlider(value=0.7, min=0.05, max=2.0, step=0.05,
                                       description="outer lr", style=STYLE, layout=WIDE)
         self.outer_momentum = w.FloatSlider(value=0.9, min=0.0, max=0.99, step=0.01,
-                                            description="outer momentum", style=STYLE,
+                                            description="momentum", style=STYLE,
+                                            tooltip="the outer optimizer's Nesterov momentum",
                                             layout=WIDE)
         self._quiet = quiet
         for name in ("compression", "topk_ratio", "powersgd_rank", "local_steps", "outer_lr",

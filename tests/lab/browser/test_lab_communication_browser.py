@@ -5,6 +5,8 @@ and the bytes chart fill."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
 
@@ -34,7 +36,7 @@ def test_diloco_and_topk_set_by_clicks_show_on_the_charts(tmp_path):
             page.wait_for_function(
                 "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
             page.locator(".labdist-communication").get_by_text("less communication").click()
-            page.locator(".labdist-compression button", has_text="topk").click()
+            page.locator(".labdist-compression select").select_option("topk")
             page.locator(".labdist-log", has_text="compression → topk").wait_for(
                 timeout=30_000)
             readout = page.locator(".labdist-local-steps .widget-readout")
@@ -52,13 +54,16 @@ def test_diloco_and_topk_set_by_clicks_show_on_the_charts(tmp_path):
             assert 0.15 * len(spread) <= zeros <= 0.35 * len(spread), spread  # 1 step in 4
             assert max(spread) > 0.01
             pseudo, outer = page.evaluate(AFTER, "outer")
-            assert min(v for v in pseudo if v is not None) > 0
-            assert min(v for v in outer if v is not None) > 0
+            shown = [v for v in pseudo if v is not None and math.isfinite(v)]  # gaps: NaN
+            assert shown and min(shown) > 0  # the last round's, held until the next
+            assert min(v for v in outer if v is not None and math.isfinite(v)) > 0
             (bytes0, _) = page.evaluate(AFTER, "bytes")
+            assert all(math.isfinite(b) for b in bytes0)  # every step says what it sent
             assert sum(1 for b in bytes0 if b) in range(len(bytes0) // 4 - 2,
                                                         len(bytes0) // 4 + 3)
             page.locator(".labdist-outer .labdist-caption",
                          has_text="snaps to 0").wait_for(timeout=10_000)
+            assert page.locator(".labdist-topk-ratio input").input_value() == "0.01"
             page.locator(".labdist-panel").screenshot(
                 path=str(OUTPUT / "lab-communication.png"))
         finally:
