@@ -126,7 +126,7 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
         comm.synced_steps += 1
     state.save()
     info.update(bytes=int(ctx.bytes_sent - sent_before),
-                residual_norm=float(comm.comm.compression.residual_norm()),
+                residual_norm=float(comm.stats()["residual_norm"]),
                 since=state.since, rounds=state.rounds)
     flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
                            for v in variables.values()])
