@@ -112,7 +112,7 @@ def payload_bytes(payload: Any, rank: int, world: int, per_peer: bool) -> int:
 
 
 def _array_bytes(x: Any) -> int:
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray | np.generic):  # a 0-d sum (gradient + residual) is a scalar
         return x.nbytes
     if isinstance(x, list | tuple):
         return sum(_array_bytes(v) for v in x)

@@ -57,6 +57,7 @@ KINDS = tuple(k.value for k in Kind)
 RESYNC = ("average", "first")
 SYNCHRONIZATIONS = ("ON_WRITE", "ON_READ", "NONE")
 AGGREGATIONS = ("SUM", "MEAN", "ONLY_FIRST_REPLICA", "NONE")
+COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd")
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
@@ -82,6 +83,12 @@ class RunConfig:
         (PS only; the lab keeps its parameters as one vector in up to 4 chunks). It widens
         the window in which two updates interleave, so torn reads and lost updates show
         within seconds without use_locking; 0: apply as fast as it goes (races then rare).
+    compression: the gradient all-reduce's compressor, "none", "fp16", "bf16", "topk" (keeps
+        `topk_ratio` of each gradient) or "powersgd" (rank `powersgd_rank`), with error
+        feedback. Mirrored ON_WRITE with MEAN or SUM only, like the two below.
+    local_steps: local SGD / DiLoCo: each replica steps alone for this many steps, then the
+        replicas average their weight change and the outer optimizer (SGD with Nesterov
+        momentum `outer_momentum`, learning rate `outer_lr`) applies it (0: off).
     """
 
     kind: Kind = Kind.MIRRORED
@@ -95,6 +102,12 @@ class RunConfig:
     resync: str = "average"
     pace: float = 0.0
     apply_delay: float = 0.002
+    compression: str = "none"
+    topk_ratio: float = 0.01
+    powersgd_rank: int = 1
+    local_steps: int = 0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _kind(self.kind))  # "ps_async" given as text
@@ -111,10 +124,26 @@ class RunConfig:
             mode = f"mirrored {self.synchronization.name}"
             if self.synchronization is Sync.ON_READ:
                 mode += f" (average every {self.sync_period})" if self.sync_period else ""
-            return f"{mode}, {self.aggregation.name}"
+            return f"{mode}, {self.aggregation.name}{self.describe_communication()}"
         lock = ", use_locking" if self.use_locking else ""
         agg = f", {self.aggregation.name}" if self.kind is Kind.PS_SYNC else ""  # async: unused
         return f"{self.kind.label}{lock}{agg}"
+
+    def describe_communication(self) -> str:
+        """The communication modes on, as text ("" when none)."""
+        out = ""
+        if self.compression != "none":
+            param = {"topk": f" {self.topk_ratio:g}", "powersgd": f" rank {self.powersgd_rank}"}
+            out += f", {self.compression}{param.get(self.compression, '')}"
+        if self.local_steps:
+            out += (f", DiLoCo H={self.local_steps} (outer lr {self.outer_lr:g}, momentum "
+                    f"{self.outer_momentum:g})")
+        return out
+
+    @property
+    def communicates_less(self) -> bool:
+        """Whether a communication mode (compression, local SGD) is on."""
+        return self.compression != "none" or self.local_steps > 0
 
     def changes_from(self, other: RunConfig) -> dict[str, tuple[Any, Any]]:
         """{field: (old, new)} for every field that differs from `other`."""
@@ -157,6 +186,15 @@ def validate(config: RunConfig, num_replicas: int) -> RunConfig:
                          f"({num_replicas} values)")
     if not config.delays:
         config = dataclasses.replace(config, delays=(0.0,) * num_replicas)
+    if config.communicates_less and (config.kind.is_ps or config.synchronization
+                                     is not Sync.ON_WRITE
+                                     or config.aggregation not in (Agg.MEAN, Agg.SUM)):
+        on = (f"compression={config.compression!r}" if config.compression != "none"
+              else f"local_steps={config.local_steps!r}")
+        raise ValueError(f"{on} is not allowed with {config.describe()}: the communication "
+                         "modes apply to kind mirrored, synchronization ON_WRITE, aggregation "
+                         "MEAN or SUM; set compression='none' and local_steps=0 first (or in "
+                         "the same call)")
     return config
 
 
@@ -229,6 +267,23 @@ def _resync(value: Any) -> str:
     return text
 
 
+def _compression(value: Any) -> str:
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in COMPRESSIONS:
+        raise ValueError(f"compression={value!r} is not allowed; allowed: "
+                         f"{', '.join(COMPRESSIONS)}")
+    return text
+
+
+def _integer(name: str, low: int, high: int, note: str = ""):
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name}={value!r} is not allowed; use an integer from {low} to "
+                             f"{high}{note}")
+        return value
+    return check
+
+
 _PARSERS = {
     "kind": _kind,
     "synchronization": _synchronization,
@@ -241,4 +296,10 @@ _PARSERS = {
     "resync": _resync,
     "pace": lambda v: _number("pace", v, 0.0, False, 1e4),
     "apply_delay": lambda v: _number("apply_delay", v, 0.0, False, 0.1),
+    "compression": _compression,
+    "topk_ratio": lambda v: _number("topk_ratio", v, 0.0, True, 1.0),
+    "powersgd_rank": _integer("powersgd_rank", 1, 64),
+    "local_steps": _integer("local_steps", 0, 10_000, " (0: off)"),
+    "outer_lr": lambda v: _number("outer_lr", v, 0.0, True, 10.0),
+    "outer_momentum": lambda v: _number("outer_momentum", v, 0.0, False, 0.999),
 }

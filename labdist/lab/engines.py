@@ -23,7 +23,7 @@ import numpy as np
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.input import shard_bounds
-from labdist.lab import steps
+from labdist.lab import communication_modes, steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
 from labdist.strategies.quorum import MembershipChange
@@ -54,6 +54,10 @@ class StepRecord:
     values: np.ndarray  # (replicas, parameters): each copy after the step (PS: what it read)
     contributions: int  # gradients applied (one per replica / worker update)
     worker: int | None = None  # async PS: whose update this step is (one worker's, alone)
+    # mirrored with a communication mode on: per replica `bytes` sent and error feedback's
+    # `residual_norm`; `since` (inner steps into the round), and when a round closed this
+    # step, the norms of the averaged pseudo-gradient and of the outer step (else None)
+    communication: dict | None = None
     time: float = field(default_factory=time.time)
 
     @property
@@ -85,6 +89,7 @@ class MirroredEngine:
         self._changes: list[tuple[MembershipChange, list[str]]] = []
         self._workers = list(strategy.workers)
         self._stop_listening = strategy.add_membership_listener(self._heard)
+        self.modes = communication_modes.Modes(strategy)
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -110,6 +115,7 @@ class MirroredEngine:
                                       args=(variables, PerReplica(values)))
         self.variables = variables
         self._latest = [np.array(c, np.float64) for c in copies]
+        self.modes.use(config, variables)
 
     def copies(self) -> list[np.ndarray]:
         """Every copy now: what the last step returned (exactly what the replicas hold)."""
@@ -128,26 +134,33 @@ class MirroredEngine:
         average = (config.synchronization is Sync.ON_READ and config.sync_period > 0
                    and step % config.sync_period == 0)
         delays = list(config.delays)
+        communicating = self.modes.active  # compression / local SGD on (or a residual owed)
 
         def args_for(n: int) -> tuple:  # the global batch over n replicas (fewer after a loss)
             b = shard_bounds(len(x), n)
-            return (self.variables, self.model,
-                    PerReplica([x[b[r]:b[r + 1]] for r in range(n)]),
-                    PerReplica([y[b[r]:b[r + 1]] for r in range(n)]),
-                    config.learning_rate, config.skew,
-                    PerReplica([delays[r] if r < len(delays) else 0.0 for r in range(n)]),
-                    average)
+            xs = PerReplica([x[b[r]:b[r + 1]] for r in range(n)])
+            ys = PerReplica([y[b[r]:b[r + 1]] for r in range(n)])
+            waits = PerReplica([delays[r] if r < len(delays) else 0.0 for r in range(n)])
+            if communicating:
+                return (self.variables, self.modes.outer, self.model, xs, ys,
+                        config.learning_rate, config.skew, waits,
+                        config.aggregation is Agg.MEAN)
+            return (self.variables, self.model, xs, ys, config.learning_rate, config.skew,
+                    waits, average)
 
+        fn = steps.communicating_step if communicating else steps.mirrored_step
         if self.quorum:  # one transaction over the replicas alive (strategies/quorum.py)
-            results = self.strategy.run_transaction(steps.mirrored_step, args_for, step - 1)
-            losses, sizes, flats = zip(*results, strict=True)
+            columns = list(zip(*self.strategy.run_transaction(fn, args_for, step - 1),
+                               strict=True))
         else:
-            out = self.strategy.run(steps.mirrored_step, args=args_for(self.num_replicas))
-            losses, sizes, flats = (self.strategy.experimental_local_results(o) for o in out)
+            out = self.strategy.run(fn, args=args_for(self.num_replicas))
+            columns = [self.strategy.experimental_local_results(o) for o in out]
+        losses, sizes, flats = columns[:3]
+        comm = self.modes.record(columns[3]) if communicating else None
         n = self.num_replicas = len(flats)
         self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
-                           np.stack(flats), contributions=n)]
+                           np.stack(flats), contributions=n, communication=comm)]
 
     def take_changes(self) -> list[tuple[MembershipChange, list[str]]]:
         """Quorum mode: the membership changes since the last call, each with the workers
@@ -160,8 +173,10 @@ class MirroredEngine:
         self._workers = list(change.workers)
 
     def configure(self, config: RunConfig) -> None:
-        """Nothing to set ahead: delays, learning rate and skew travel with every step (the
-        apply delay is a parameter-server knob)."""
+        """The communication modes are set ahead (on the replicas, as a step of their own);
+        delays, learning rate and skew travel with every step (the apply delay is a
+        parameter-server knob)."""
+        self.modes.configure(config)
 
     def drain(self) -> list[StepRecord]:
         return []
@@ -171,4 +186,5 @@ class MirroredEngine:
 
     def close(self) -> None:
         self._stop_listening()
+        self.modes.close()
         self.variables = None

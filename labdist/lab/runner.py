@@ -62,6 +62,7 @@ class Runner:
         self.divergence: DivergenceError | None = None  # set until a reset
         self._cv = threading.Condition()
         self._changes: list[tuple[RunConfig, float, int]] = []  # (config, asked at, steps then)
+        self._applying: RunConfig | None = None  # taken off the queue, being applied
         self._calls: list[tuple[Callable, Future]] = []
         self._budget = 0
         self._closing = False
@@ -148,7 +149,10 @@ class Runner:
     def pending_config(self) -> RunConfig:
         """The config once everything queued is applied (what new changes build on)."""
         with self._cv:
-            return self._changes[-1][0] if self._changes else self.config
+            if self._changes:
+                return self._changes[-1][0]
+            # taken off the queue, not applied yet: still what new changes build on
+            return self._applying or self.config
 
     # -- the thread ---------------------------------------------------------------------------
     def _busy(self) -> bool:
@@ -172,13 +176,18 @@ class Runner:
                     self._cv.notify_all()
                     self._cv.wait()
                 changes, self._changes = self._changes, []
+                self._applying = changes[-1][0] if changes else None
                 calls, self._calls = self._calls, []
                 closing = self._closing
             if changes or calls or closing:  # a boundary: nothing in flight past here
                 self._safely(lambda: self._records(self.engine.drain() if self.engine
                                                    else []))
             if changes:
-                self._safely(self._apply, changes)
+                try:
+                    self._safely(self._apply, changes)
+                finally:
+                    with self._cv:
+                        self._applying = None
             for fn, future in calls:  # run even after a failure above: a caller waits on each
                 try:
                     future.set_result(fn())

@@ -67,3 +67,74 @@ def assign_copies(first, variables: dict[str, Any], values: dict[str, Any]) -> N
     xp = current().xp  # this replica's array module: values go onto its device
     for k, v in variables.items():
         v.assign(xp.asarray(values[k], dtype=v.dtype), read_value=False)
+
+
+def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float, skew: float,
+                       delay: float, mean: bool) -> tuple[float, int, np.ndarray, dict]:
+    """A mirrored step under the strategy's communication modes (its compressor and local
+    SGD / DiLoCo, read from the replica context): with local SGD on, this replica steps alone
+    and every `local_steps` steps the round closes (pseudo-gradients all-reduced, outer step);
+    else the gradients go through the compressed all-reduce. Returns mirrored_step's summary
+    and what the communication did (bytes sent this step, residual norm, round progress,
+    pseudo-gradient and outer-step norms when a round closed)."""
+    from labdist.training import diloco
+
+    ctx = get_replica_context()
+    if delay > 0:
+        time.sleep(float(delay))
+    xp, n = ctx.xp, ctx.num_replicas_in_sync
+    comm = ctx.communication
+    sent_before = ctx.bytes_sent
+    ws = list(variables.values())
+    params = [ctx.local_copy(w).reshape(-1) for w in ws]
+    state = diloco.RoundState(ctx, outer, [w.shape for w in ws])
+    x = xp.asarray(x)
+    if skew and len(x):
+        x = x + ctx.replica_id_in_sync_group * skew
+    loss, grads = model.loss_and_grads(xp, {k: v.read_value() for k, v in variables.items()},
+                                       x, xp.asarray(y))
+    grads = [xp.asarray(grads[k], dtype=w.dtype).reshape(-1) for k, w in variables.items()]
+    settings = ctx.local_sgd
+    info: dict[str, Any] = {"pseudo_norm": None, "outer_norm": None}
+    if settings is not None:
+        if state.since == 0:  # a round starts from the weights as they are now
+            for anchor, p in zip(state.anchors, params, strict=True):
+                anchor[...] = p
+        for p, g in zip(params, grads, strict=True):
+            p -= lr * g  # this replica's own step (mirrored MEAN's share, times n)
+        state.since += 1
+        comm.inner_steps += 1
+        if state.since >= settings.local_steps:
+            before = [np.array(to_host(a), np.float64) for a in state.anchors]
+            pseudo = np.concatenate([b - np.asarray(to_host(p), np.float64)
+                                     for b, p in zip(before, params, strict=True)])
+            diloco.close_round(ctx, settings.outer_optimizer, params, state)
+            after = np.concatenate([np.asarray(to_host(a), np.float64) for a in state.anchors])
+            info["pseudo_norm"] = float(np.linalg.norm(pseudo))
+            info["outer_norm"] = float(np.linalg.norm(after - np.concatenate(before)))
+    else:
+        if state.pending():  # local SGD was turned off: close the round in progress first
+            diloco.leave_local(ctx, params, [{} for _ in params], state)
+        scale = lr / n if mean else lr
+
+        def update(j, lo, hi, summed):
+            params[j][lo:hi] -= scale * summed
+
+        if ctx.reduce_apply("the lab's gradients", grads, params, update,
+                            gradients=len(grads)):
+            ctx.gather_segments("the lab's updated weights", params)
+        comm.synced_steps += 1
+    state.save()
+    info.update(bytes=int(ctx.bytes_sent - sent_before),
+                residual_norm=float(comm.stats()["residual_norm"]),
+                since=state.since, rounds=state.rounds)
+    flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
+                           for v in variables.values()])
+    return float(to_host(loss)), len(x), flat, info
+
+
+def reset_round(outer) -> None:
+    """(a step of its own) Forget a round in progress: the lab wrote new copies (a switch)."""
+    ctx = get_replica_context()
+    for v in (outer.since, outer.split):
+        ctx.local_copy(v)[...] = 0

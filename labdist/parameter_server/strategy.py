@@ -15,6 +15,7 @@ from typing import Any
 from labdist import checks
 from labdist.cluster import capacity
 from labdist.cluster.ps_group import ParameterServerGroup
+from labdist.parameter_server.compression import PushCompressionModes
 from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
 from labdist.parameter_server.fit import train_model_steps
 from labdist.parameter_server.stats import ParameterServerStats
@@ -36,7 +37,7 @@ def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | 
     return value
 
 
-class ParameterServerStrategy(Strategy, Coordinated):
+class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
     """Variables created in `scope()` live on `num_ps` ParameterStore actors (round-robin);
     functions run on the other workers through `ld.ClusterCoordinator(strategy)`, and
     `model.fit` works as well.
@@ -63,6 +64,9 @@ class ParameterServerStrategy(Strategy, Coordinated):
     transport: "auto" (a worker on its parameter server's host pulls and pushes through
         shared memory, with a Unix socket for the call; other workers, and every other call,
         over Dask comms) or "tcp" (Dask comms only). What a call means is the same either way.
+    compression: the compressor of every worker's pushes ('none', 'fp16', 'bf16',
+        `ld.compression.TopK(ratio)`, `PowerSGD(rank)`), error feedback per worker; settable
+        later as `strategy.compression` (parameter_server/compression.py).
     """
 
     def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,
@@ -70,7 +74,8 @@ class ParameterServerStrategy(Strategy, Coordinated):
                  replicas_to_aggregate: int | None = None,
                  total_num_replicas: int | None = None, staleness_bound: int | None = None,
                  chunk_size: int = 65536, connect_timeout: float = 10.0,
-                 ps_timeout: float = 60.0, transport: str = "auto", security: Any = None):
+                 ps_timeout: float = 60.0, transport: str = "auto", security: Any = None,
+                 compression: Any = None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not supported; allowed: {', '.join(MODES)}")
         _count("num_workers", num_workers, 1)
@@ -99,6 +104,7 @@ class ParameterServerStrategy(Strategy, Coordinated):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not supported; allowed: "
                              f"{', '.join(TRANSPORTS)}")
+        compressor = self._parse_compression(compression)
         if num_workers is None and cluster is None:
             num_workers = total_num_replicas or 2
         if cluster is None:
@@ -111,7 +117,8 @@ class ParameterServerStrategy(Strategy, Coordinated):
                                                 total_num_replicas, replicas_to_aggregate)
             group.start({"mode": mode, "use_locking": use_locking, "chunk_size": chunk_size,
                          "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound,
-                         "ps_timeout": float(ps_timeout), "transport": transport})
+                         "ps_timeout": float(ps_timeout), "transport": transport,
+                         "compression": compressor})
         except BaseException:
             group.close()
             raise
@@ -122,6 +129,7 @@ class ParameterServerStrategy(Strategy, Coordinated):
         self.total_num_replicas = total
         self.staleness_bound = staleness_bound
         self.ps_timeout = float(ps_timeout)
+        self._push_compressor = compressor
         self._coordinator: ClusterCoordinator | None = None
         self._bound: set[tuple] = set()  # (optimizer, weights, slots) bound on the PSs
         super().__init__(group)

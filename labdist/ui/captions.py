@@ -4,6 +4,7 @@ a newcomer can read the panel without the docs. Rewritten on every mode switch."
 from __future__ import annotations
 
 from labdist.lab.config import Kind, RunConfig
+from labdist.ui import communication
 
 TORN = ("torn read: a worker read the parameters while an update was half applied (w from "
         "after it, b from before)")
@@ -13,6 +14,9 @@ LOST = ("lost update: two updates of one parameter overlapped and the later writ
 
 def _mirrored_spread(config: RunConfig) -> str:
     sync, agg = config.synchronization.name, config.aggregation.name
+    if config.local_steps:
+        return (f"DiLoCo H={config.local_steps}: each replica steps alone — spread grows for "
+                f"{config.local_steps} steps, then the outer step snaps it to 0")
     if sync == "NONE" or agg == "NONE":
         return f"{sync}, {agg}: replicas update on their own — spread grows"
     if sync == "ON_READ":
@@ -62,4 +66,5 @@ def captions(config: RunConfig) -> dict[str, str]:
                          if not config.kind.is_ps else
                          "PS: workers pull, compute and push; nobody waits for a peer"
                          if config.kind.ps_mode == "async" else
-                         "PS sync: workers wait at the barrier for the slowest push")}
+                         "PS sync: workers wait at the barrier for the slowest push"),
+            **communication.captions(config)}

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection
 import ipywidgets as w
 
 from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
+from labdist.ui import communication
 
 KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
@@ -86,6 +87,7 @@ class Controls:
             b.add_class(f"labdist-{label}")
         self.buttons["run"].button_style = "success"
         self._bind()
+        self.communication = communication.Controls(self._changed, self._quiet)
         self.sync(lab.config)
 
     def _bind(self) -> None:
@@ -157,6 +159,7 @@ class Controls:
             self.sync_period.disabled = not mirrored
             self.use_locking.disabled = mirrored
             self.apply_delay.disabled = mirrored
+            self.communication.sync(config, fields)
         finally:
             self._quiet.on = False
 
@@ -173,5 +176,6 @@ class Controls:
             section("re-sync when copies must become one"), self.resync,
             self.sync_period, self.use_locking, self.apply_delay,
             self.learning_rate, self.skew, *self.delays, self.pace,
+            *self.communication.widgets(),
         ], layout=w.Layout(width="300px"))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.ui import communication
 from labdist.ui.captions import captions
 
 RATE_HZ = 20
@@ -49,6 +50,8 @@ class Publisher:
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
+        self._communication = communication.Feed(charts, lab.num_replicas) \
+            if "outer" in charts else None
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
         self._captions(lab.config)
@@ -150,6 +153,8 @@ class Publisher:
             c[f"track:{name}"].append(x, [[_at(r["tracked"][i], k) for r in rows]
                                           for k in range(n)])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
+        if self._communication is not None:
+            self._communication.append(rows)
         if self._plane_index is not None:  # a diverged path ends at its last finite point
             points = [_rows_of(p, n) for p in (r["plane"][:, self._plane_index] for r in rows)
                       if np.isfinite(p).all()]

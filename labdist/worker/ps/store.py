@@ -20,6 +20,7 @@ import numpy as np
 from labdist import aggregation, phases
 from labdist.worker import metrics
 from labdist.worker.ps.chunked import ChunkedValue, make_kernel
+from labdist.worker.ps.compressed_push import unpack
 from labdist.worker.ps.counters import StoreCounters
 from labdist.worker.ps.shm_server import ShmServer
 from labdist.worker.ps.ssp import StalenessBound
@@ -215,6 +216,7 @@ class ParameterStore:
         MEAN. When the push did not complete its step, the reply's `wait` is the (step,
         release count) to pass to `wait_step` for the barrier; step-bound work (fit) skips it
         (its next pull waits for the step instead)."""
+        items = unpack(items)  # compressed updates, decoded (compressed_push.py)
         self._check(items)
         if self.sync is None:
             return await self._run(self._apply_async, worker, items, basis or {}, want,
@@ -243,6 +245,7 @@ class ParameterStore:
                  want: bool = False) -> dict:
         """Async mode's `push` on the calling thread (a shared-memory connection's, one per
         worker, as concurrent as the pool): the same checks and `_apply_async`."""
+        items = unpack(items)
         self._check(items)
         return self._apply_async(worker, items, basis or {}, want, (worker, key))
 

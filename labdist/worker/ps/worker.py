@@ -33,6 +33,7 @@ from labdist.shipping import picklable_error
 from labdist.worker import actor_call as remote
 from labdist.worker import metrics
 from labdist.worker.context import ReplicaContext, enter
+from labdist.worker.ps.compressed_push import PushCompression
 from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
 from labdist.worker.ps.outcome import Ending, Outcome
 from labdist.worker.ps.shm_client import ShmPaths
@@ -106,12 +107,20 @@ class ParameterServerWorker:
         metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
+        self.compression = PushCompression()  # its pushes' compressor and residuals
+        self.compression.set(settings.get("compression"))
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "index": self.index}
 
     async def set_delay(self, seconds: float) -> None:
         self.delay = float(seconds)
+
+    async def set_compression(self, compressor) -> None:
+        self.compression.set(compressor)
+
+    async def push_stats(self) -> dict:
+        return self.compression.stats()
 
     async def make_dataset(self, dataset_id: str, fn_bytes: bytes) -> None:
         """Call the per-worker `dataset_fn` here (with an InputContext if it takes one)."""
@@ -329,6 +338,7 @@ class WorkerContext(ReplicaContext):
         if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
             time.sleep(self._executor.delay)
         by_shard = self._shards([item[0] for item in items])
+        items = self._executor.compression.encode(items)  # as they travel (compressed_push)
         weight = self._examples if examples is None else float(examples)
         key = key or self._key
         calls = []

@@ -1,0 +1,129 @@
+"""Compressed parameter-server pushes. A worker encodes each update it pushes (assign_add,
+assign_sub, gradient: changes, which error feedback can carry over) with its compressor and
+keeps what compression dropped, per variable, for its next push; the store decodes a push
+before anything else sees it, so locking, staleness and sync steps work as for a plain push.
+An `assign` (a whole value) always travels as it is."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from labdist.collectives.compression import Compressor, PowerSGD, initial_q, orthonormal_columns
+
+COMPRESSIBLE = ("assign_add", "assign_sub", "gradient")
+
+
+def array_bytes(x: Any) -> int:
+    """The array bytes of a payload (arrays, or tuples of them)."""
+    if isinstance(x, np.ndarray | np.generic):
+        return int(x.nbytes)
+    if isinstance(x, list | tuple):
+        return sum(array_bytes(v) for v in x)
+    if isinstance(x, Packed):
+        return array_bytes(x.payload)
+    return 0
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One compressed update as it travels: the compressor, its payload, and the update's
+    shape and dtype (what the store rebuilds)."""
+
+    compressor: Compressor
+    payload: Any
+    shape: tuple[int, ...]
+    dtype: str
+
+    def decode(self) -> np.ndarray:
+        like = np.zeros(self.shape, self.dtype)
+        if isinstance(self.compressor, PowerSGD):
+            p, q = self.payload
+            return (p @ q.T).reshape(self.shape).astype(self.dtype, copy=False)
+        return self.compressor.decode_sum(np, [self.payload], like)
+
+
+def unpack(items: list[tuple]) -> list[tuple]:
+    """(store side) A push's items with every compressed update decoded."""
+    if not any(isinstance(a, Packed) for _, _, a, _ in items):
+        return items
+    return [(v, kind, a.decode() if isinstance(a, Packed) else a, agg)
+            for v, kind, a, agg in items]
+
+
+class PushCompression:
+    """(worker side) The compressor of this worker's pushes, its error-feedback residuals
+    and PowerSGD factors (per variable), and the bytes its updates took before and after."""
+
+    def __init__(self):
+        self.compressor: Compressor | None = None
+        self.residuals: dict[int, np.ndarray] = {}
+        self.factors: dict[int, np.ndarray] = {}
+        self.raw_bytes = 0  # what the pushed updates would have taken uncompressed
+        self.sent_bytes = 0  # what they took
+        self._lock = threading.Lock()  # a worker runs several functions at once
+
+    def set(self, compressor: Compressor | None) -> None:
+        """Switch (residuals stay: they go out with the next push, compressed or not)."""
+        with self._lock:
+            if compressor != self.compressor:
+                self.factors.clear()
+            self.compressor = compressor
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            norm = float(np.sqrt(sum(float((r * r).sum()) for r in self.residuals.values())))
+            return {"raw_bytes": self.raw_bytes, "sent_bytes": self.sent_bytes,
+                    "residual_norm": norm}
+
+    def encode(self, items: list[tuple]) -> list[tuple]:
+        """A push's items as they travel."""
+        with self._lock:
+            if self.compressor is None and not self.residuals:
+                for _, _, a, _ in items:
+                    self.raw_bytes += array_bytes(a)
+                    self.sent_bytes += array_bytes(a)
+                return items
+            return [self._one(*item) for item in items]
+
+    def _one(self, var_id: int, kind: str, a: np.ndarray, agg: str) -> tuple:
+        self.raw_bytes += a.nbytes
+        comp = self.compressor
+        if kind not in COMPRESSIBLE:
+            self.sent_bytes += a.nbytes
+            return var_id, kind, a, agg
+        r = self.residuals.pop(var_id, None)
+        m = a + r if r is not None else a
+        if comp is None:  # residuals still owed: sent in full, once
+            self.sent_bytes += m.nbytes
+            return var_id, kind, m, agg
+        comp.check_dtype(m.dtype, f"a parameter-server push ({kind})")
+        if isinstance(comp, PowerSGD):
+            if not comp.compresses(m.shape):  # vectors travel as they are
+                self.sent_bytes += m.nbytes
+                return var_id, kind, m, agg
+            payload, residual = self._power(comp, var_id, m)
+        else:
+            payload, sent = comp.encode(np, m, var_id)
+            residual = comp.residual(np, m, payload, sent)
+        if comp.error_feedback:
+            self.residuals[var_id] = residual
+        packed = Packed(comp, payload, tuple(m.shape), m.dtype.str)
+        self.sent_bytes += array_bytes(payload)
+        return var_id, kind, packed, agg
+
+    def _power(self, comp: PowerSGD, var_id: int, m: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """One power-iteration step on this worker's own update (no peers to sum with):
+        P = orthonormal(M Q), Q' = M^T P; sent (P, Q'), the update ~ P Q'^T."""
+        mat = m.reshape(m.shape[0], -1)
+        rank = min(comp.rank, *mat.shape)
+        q = self.factors.get(var_id)
+        if q is None or q.shape != (mat.shape[1], rank):
+            q = initial_q(mat.shape[1], rank, var_id).astype(mat.dtype)
+        p = orthonormal_columns(np, mat @ q)
+        q = mat.T @ p
+        self.factors[var_id] = q
+        return (p, q), (mat - p @ q.T).reshape(m.shape)
