@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from labdist import placed
+from labdist.errors import ReplicaLostError
 from labdist.strategies.base import Strategy
 
 
@@ -28,10 +29,14 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
         yield x, y
         return
     try:
-        seen = strategy.run(placed.readable, args=(placed.probe(arrays),))
-        if all(strategy.experimental_local_results(seen)):
+        try:
+            seen = strategy.experimental_local_results(
+                strategy.run(placed.readable, args=(placed.probe(arrays),)))
+        except ReplicaLostError:  # fit's first step meets it: quorum training goes on
+            seen = [False]  # without that replica, others raise there as they would have
+        if all(seen):
             yield arrays[0], arrays[1]
-        else:  # some replica is on another host
+        else:  # some replica is on another host (or gone)
             yield x, y
     finally:
         for a in arrays:

@@ -144,14 +144,18 @@ def test_demo_prints_progress_and_writes_png_and_html(tmp_path):
     page = html.read_text()
     assert base64.b64encode(data).decode() in page  # self-contained: the chart is embedded
     rows = re.findall(r"<tr><td>(ON_\w+)</td><td>(\w+)</td><td class=(\w+)>([^<]*)</td>"
-                      r"<td>([^<]*)</td></tr>", page)
-    table = {(s, a): (style, copies, read) for s, a, style, copies, read in rows}
+                      r"<td>([^<]*)</td><td>([^<]*)</td></tr>", page)
+    table = {(s, a): (style, copies, read, warned)
+             for s, a, style, copies, read, warned in rows}
     assert len(table) == 8
-    assert table[("ON_WRITE", "SUM")] == ("equal", "13, 13", "13")
-    assert table[("ON_WRITE", "NONE")] == ("diverged", "11, 12", "11")
-    assert table[("ON_READ", "SUM")] == ("local", "11, 12", "23")
+    assert table[("ON_WRITE", "SUM")] == ("equal", "13, 13", "13", "")
+    assert table[("ON_WRITE", "NONE")] == ("diverged", "11, 12", "11",
+                                           "ReplicaDivergenceWarning")
+    assert table[("ON_READ", "SUM")] == ("local", "11, 12", "23", "")
     assert table[("ON_READ", "NONE")][2] == "ValueError"
-    spreads = dict(re.findall(r"<tr><td>(MEAN|NONE)</td><td>[^<]*</td><td>([^<]*)</td>", page))
+    # the final table: mode, step, copies of w, spread, loss
+    spreads = dict(re.findall(r"<tr><td>(MEAN|NONE)</td><td>6</td><td>[^<]*</td><td>([^<]*)</td>",
+                              page))
     assert float(spreads["MEAN"]) == 0.0 and float(spreads["NONE"]) > 0.1
 
 
