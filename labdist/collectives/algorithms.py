@@ -152,7 +152,7 @@ def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:
     (shared.py), every rank publishes its whole arrays once and reads its segment of each."""
     me = comm.rank
     bounds = [_bounds(f.size, comm.world) for f in flats]
-    if shared.shared_reads(comm):
+    if shared.shared_reads(comm, sum(f.nbytes for f in flats)):
         got = comm.exchange(seq, sig, flats, kind, phase=0)
         check_signatures([s for s, _ in got], kind)
         mine = [[a[b[me]:b[me + 1]] for a, b in zip(payload, bounds, strict=True)]

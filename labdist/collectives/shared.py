@@ -14,25 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from labdist import network
-
 # From this many bytes a group on shared memory reduce-scatters: below it, one exchange in
 # which every rank sums everything is cheaper than a second barrier.
 SEGMENT_MIN_BYTES = 64 << 10
-# Two ranks: the direct algorithm's one barrier wins up to the generic threshold.
-PAIR_SEGMENT_MIN_BYTES = 1 << 20
+# Publishing whole arrays once pays only with 3+ ranks and up to this many bytes: measured
+# on 2 cores (bench_core, 2026-11-25), 2 ranks took 25 ms for 16 MiB against 5 ms sending
+# each peer its segment, and 3 ranks 97 ms against 70 ms for 64 MB.
+SHARED_MAX_BYTES = 16 << 20
 
 
-def shared_reads(comm: Any) -> bool:
-    """Whether every peer reads this rank's messages in place (so publish once, not per peer).
-    Never under a network model: it stands for a real link, where each peer gets its own
-    segment, so the algorithms run as they would over one."""
-    return network.CURRENT is None and getattr(comm.host, "name", None) == "shm"
+def shared_reads(comm: Any, nbytes: int = 0) -> bool:
+    """Whether every peer reads this rank's `nbytes` of messages in place (so publish once,
+    not per peer). Every rank must answer alike (it picks the message layout), so nothing
+    one process alone sets (a per-worker network model) may enter it; a network model
+    charges what is published."""
+    return (comm.world > 2 and nbytes <= SHARED_MAX_BYTES
+            and getattr(comm.host, "name", None) == "shm")
 
 
 def segment_min_bytes(comm: Any, generic: int) -> int:
     """From how many bytes `comm`'s group reduce-scatters rather than reducing directly
     (`generic`: the threshold where messages are copied to each peer)."""
-    if not shared_reads(comm):
-        return generic
-    return PAIR_SEGMENT_MIN_BYTES if comm.world <= 2 else SEGMENT_MIN_BYTES
+    return SEGMENT_MIN_BYTES if shared_reads(comm) else generic
