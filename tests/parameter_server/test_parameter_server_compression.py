@@ -52,8 +52,10 @@ def flush(strategy, v) -> None:
 def test_pushes_shrink_and_error_feedback_loses_nothing(client, transport, compression,
                                                         per_value):
     us = updates(12)
+    # use_locking: two workers' unlocked pushes may race and lose an update (the race the lab
+    # shows); this test is about what compression sends and owes, so updates are serialised
     with ld.ParameterServerStrategy(client, num_workers=2, transport=transport,
-                                    compression=compression) as s:
+                                    compression=compression, use_locking=True) as s:
         with s.scope():
             v = ld.Variable(np.zeros(SIZE, np.float32), name="v")
         push_all(s, v, us)
