@@ -153,7 +153,7 @@ class RunConfig:
             return ""
         parts = [f"{self.latency * 1e3:g} ms"] if self.latency else []
         if self.bandwidth is not None:
-            parts.append(f"{_rate(self.bandwidth)}")
+            parts.append(f"{describe_rate(self.bandwidth)}")
         return ", link " + " + ".join(parts)
 
     def describe_communication(self) -> str:
@@ -300,7 +300,8 @@ def _network(value: Any) -> dict[str, Any]:
                     "bandwidth=...), or None / 'off' for full speed")
 
 
-def _rate(bytes_per_s: float) -> str:
+def describe_rate(bytes_per_s: float) -> str:
+    """"100 MB/s" for 1e8 (decimal units, as a link is quoted)."""
     for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
         if bytes_per_s >= size:
             return f"{bytes_per_s / size:g} {unit}"

@@ -172,6 +172,8 @@ class Publisher:
                     chart.event(f"since step {item['step']}: {label}")
             elif name == "plane":
                 chart.event(label)
+            elif name == "timeline":  # drawn at the moment it was applied, on its time axis
+                chart.mark(f"step {item['step']}: {label}", at=item["applied"])
             else:
                 chart.event(item["step"], label)
         if "replicas" in item["changes"]:  # quorum mode: a replica lost or taken in

@@ -119,3 +119,46 @@ def test_a_slow_link_stretches_sync_all_reduce_while_async_keeps_computing(strat
     # asynchronous workers pay it on their own pulls and pushes, never waiting for a peer
     assert ps["summary"].startswith("async: nobody waits"), ps
     assert ps["rate"] >= 1.5 * slow["rate"], (slow, ps)
+
+
+def test_the_network_controls_set_the_link_and_the_timeline_marks_the_switch(strategy):
+    from labdist.ui import LabPanel
+    from labdist.ui.publisher import RATE_HZ
+
+    def settle():
+        lab.wait()
+        deadline = time.monotonic() + 5
+        while not panel.publisher.items.empty() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(2.5 / RATE_HZ)
+
+    with ld.Lab(strategy) as lab:
+        panel = LabPanel(lab)
+        for chart in panel.charts.values():
+            chart.send = lambda msg, buffers=None: None  # no front end here
+        net = panel.controls.network
+        net.latency.value = 4.0  # ms, what a person drags or types
+        lab.step(3)
+        settle()
+        assert lab.config.latency == 0.004 and links(strategy) == [ld.NetworkModel(0.004)] * 2
+        net.bandwidth.value = 1e6
+        lab.step(1)
+        lab.set(bandwidth="3MB/s")  # a plain call: the dropdown shows a value of its own
+        lab.step(1)
+        settle()
+        assert net.bandwidth.value == 3e6 and ("3 MB/s", 3e6) in net.bandwidth.options
+        assert lab.config.describe().endswith("link 4 ms + 3 MB/s")
+        net._send(latency="-1ms")  # a refusal is logged, nothing changes
+        assert "latency='-1ms' is not allowed" in panel.log.text and lab.pending_config() \
+            == lab.config
+        net.off.click()
+        lab.step(2)
+        settle()
+        assert lab.config.network is None and links(strategy) == [None, None]
+        assert (net.latency.value, net.bandwidth.value) == (0.0, None)
+        chart = panel.charts["timeline"]
+        chart.refresh(strategy.client, seconds=30)
+        marks = [label for _, label in chart.window["marks"]]
+        assert any("latency → 0.004" in m for m in marks), marks
+        assert any("latency → 0, bandwidth → None" in m for m in marks), marks
+        panel.close()
