@@ -162,7 +162,7 @@ class Publisher:
             self._surface(points=points)
 
     def _event(self, item: dict) -> None:
-        label = ", ".join(f"{k} → {_short(v[1])}" for k, v in item["changes"].items())
+        label = ", ".join(f"{k} → {_short(v[1], k)}" for k, v in item["changes"].items())
         moved_ps = bool({"kind", "use_locking"} & item["changes"].keys())
         for name, chart in self.charts.items():
             if name == "staleness":  # its counts restart when the parameter server changes
@@ -324,7 +324,9 @@ class Publisher:
             self.status.value = text
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, name: str = "") -> str:
+    if name == "bandwidth" and value is None:
+        return "unlimited"
     if value == "ONLY_FIRST_REPLICA":
         return "FIRST"
     if isinstance(value, float):

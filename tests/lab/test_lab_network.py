@@ -160,5 +160,5 @@ def test_the_network_controls_set_the_link_and_the_timeline_marks_the_switch(str
         chart.refresh(strategy.client, seconds=30)
         marks = [label for _, label in chart.window["marks"]]
         assert any("latency → 0.004" in m for m in marks), marks
-        assert any("latency → 0, bandwidth → None" in m for m in marks), marks
+        assert any("latency → 0, bandwidth → unlimited" in m for m in marks), marks
         panel.close()
