@@ -25,6 +25,8 @@ function draw(el, canvas, model, s) {
   ctx.textBaseline = "middle";
   ctx.fillStyle = "#222";
   s.lanes.forEach((name, i) => ctx.fillText(name, pad.l - 6, pad.t + (i + 0.5) * lh));
+  // every lane's name fits left of the plot, and lanes stay tall enough to read
+  s.labelled = s.lanes.every((name) => ctx.measureText(name).width <= pad.l - 8) && lh >= 12;
   s.hits = [];
   for (const [lane, a, b, phase] of s.bars) {
     const x0 = x(a);
@@ -34,11 +36,29 @@ function draw(el, canvas, model, s) {
     ctx.fillRect(x0, y, bw, lh * 0.7);
     s.hits.push({ x0, x1: x0 + bw, y0: y, y1: y + lh * 0.7, title: `${s.lanes[lane]}: ${phase} ${(b - a).toFixed(1)} ms` });
   }
+  // the mode switches: a dashed line each, its label beside it at the top (the newest wins
+  // where two would overlap; hover a line for its whole label)
   ctx.strokeStyle = "#6b2fa3";
   ctx.setLineDash([4, 3]);
-  for (const [ms] of s.marks) {
-    if (ms < lo) continue;
-    ctx.beginPath(); ctx.moveTo(x(ms), pad.t); ctx.lineTo(x(ms), pad.t + h); ctx.stroke();
+  s.shownMarks = [];
+  let free = pad.l + w;
+  for (const [ms, label] of [...s.marks].sort((a, b) => b[0] - a[0])) {
+    if (ms < lo || ms > 0) continue;
+    const mx = x(ms);
+    ctx.beginPath(); ctx.moveTo(mx, pad.t); ctx.lineTo(mx, pad.t + h); ctx.stroke();
+    s.hits.push({ x0: mx - 3, x1: mx + 3, y0: pad.t, y1: pad.t + h, title: label });
+    const text = label.length > 40 ? label.slice(0, 39) + "…" : label;
+    const tw = ctx.measureText(text).width;
+    const tx = mx + 3 + tw <= pad.l + w ? mx + 3 : mx - 3 - tw;
+    if (tx + tw > free || tx < pad.l) continue;
+    free = tx - 6;
+    ctx.fillStyle = "rgba(255,255,255,0.85)";
+    ctx.fillRect(tx - 1, pad.t + 1, tw + 2, 13);
+    ctx.fillStyle = "#6b2fa3";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "top";
+    ctx.fillText(text, tx, pad.t + 2);
+    s.shownMarks.push(label);
   }
   ctx.setLineDash([]);
   ctx.fillStyle = "#444";
@@ -56,7 +76,8 @@ function draw(el, canvas, model, s) {
 export default {
   render(view) {
     const cleanup = mountChart(view, {
-      name: "timeline", state: { lanes: [], bars: [], marks: [], hits: [] }, apply, draw,
+      name: "timeline", state: { lanes: [], bars: [], marks: [], hits: [], shownMarks: [] },
+      apply, draw,
       header: (box, model) => {
         legend(box, model, "width:10px;height:10px;margin-right:3px");
         const line = document.createElement("div");

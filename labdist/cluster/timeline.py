@@ -60,14 +60,21 @@ def phase_totals(process: dict[str, Any], name: str) -> list[float]:
 
 def summary(processes: list[dict[str, Any]], last: int = 100) -> str:
     """The timeline's line in words. Sync replicas: who was last to the collectives and how
-    long the others waited; parameter servers: no waiting, and how stale pushes landed."""
+    long the others waited; sync parameter servers: who was last to the barrier and how long
+    the others waited there; async: no waiting, and how stale pushes landed."""
     per_run: dict[int, dict[int, float]] = {}  # run -> rank -> seconds waited
+    barrier: dict[int, list[float]] = {}  # PS worker -> seconds waited at a barrier, per step
+    pulls: dict[int, list[float]] = {}  # PS worker -> seconds pulling, per step
     for proc in processes:
-        steps = [s for s in proc["spans"]
-                 if s[0] == phases.STEP and s[4] and "rank" in s[4] and "run" in s[4]]
-        for span, waited in zip(steps, phase_totals({"spans": proc["spans"]}, "wait"),
-                                strict=False):
-            per_run.setdefault(span[4]["run"], {})[span[4]["rank"]] = waited
+        steps = [s for s in proc["spans"] if s[0] == phases.STEP]  # phase_totals' order
+        for span, waited, pulled in zip(steps, phase_totals(proc, "wait"),
+                                        phase_totals(proc, "pull"), strict=True):
+            args = span[4] or {}
+            if "rank" in args and "run" in args:
+                per_run.setdefault(args["run"], {})[args["rank"]] = waited
+            elif "worker" in args:
+                barrier.setdefault(args["worker"], []).append(waited)
+                pulls.setdefault(args["worker"], []).append(pulled)
     runs = [per_run[r] for r in sorted(per_run) if len(per_run[r]) > 1][-last:]
     if runs:
         lasts = [min(w, key=w.get) for w in runs]  # the last to arrive never waits
@@ -77,7 +84,18 @@ def summary(processes: list[dict[str, Any]], last: int = 100) -> str:
         mean = 1e3 * sum(others) / max(len(others), 1)
         return (f"sync: replica {slowest} was last to the collectives in {share:.0f} % of the "
                 f"last {len(runs)} steps; the others waited {mean:.0f} ms per step")
+    waits = {w: sum(ws[-last:]) / len(ws[-last:]) for w, ws in barrier.items()}
+    if len(waits) > 1 and any(waits.values()):  # sync PS: the workers meet at a barrier
+        slowest = min(waits, key=waits.get)
+        others = [v for w, v in waits.items() if w != slowest]
+        return (f"sync PS: worker {slowest} was last to the barrier; the others waited "
+                f"{1e3 * sum(others) / len(others):.0f} ms per step")
     applies = [s for p in processes for s in p["spans"] if s[0] == "apply"][-last:]
+    if not applies and len(pulls) > 1:  # sync PS in fit: the next pull waits for the step
+        means = {w: sum(ps[-last:]) / len(ps[-last:]) for w, ps in sorted(pulls.items())}
+        return ("sync PS: each pull waits at the parameter servers until the step's gradients "
+                "are in; pulled " + ", ".join(f"worker {w} {1e3 * v:.0f} ms"
+                                              for w, v in means.items()) + " per step")
     if not applies:
         return "no steps recorded yet"
     line = f"async: nobody waits for a peer; {len(applies)} pushes applied"

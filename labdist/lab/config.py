@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from labdist import network
 from labdist.enums import VariableAggregation, VariableSynchronization
 
 
@@ -58,6 +59,8 @@ RESYNC = ("average", "first")
 SYNCHRONIZATIONS = ("ON_WRITE", "ON_READ", "NONE")
 AGGREGATIONS = ("SUM", "MEAN", "ONLY_FIRST_REPLICA", "NONE")
 COMPRESSIONS = ("none", "fp16", "bf16", "topk", "powersgd")
+MAX_LATENCY_S = 1.0  # the lab's range for a modelled link: a step still takes under seconds
+MIN_BANDWIDTH = 1e3  # bytes per second
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
@@ -89,6 +92,11 @@ class RunConfig:
     local_steps: local SGD / DiLoCo: each replica steps alone for this many steps, then the
         replicas average their weight change and the outer optimizer (SGD with Nesterov
         momentum `outer_momentum`, learning rate `outer_lr`) applies it (0: off).
+    latency, bandwidth: a slowed-down network (`ld.NetworkModel`) on every worker, mirrored
+        and parameter-server kinds alike: seconds per message, bytes per second (None:
+        unlimited). Both given as NetworkModel takes them ("5ms", "100MB/s"); latency 0 and
+        bandwidth None: off. `network=` sets both at once (an `ld.NetworkModel`, or None /
+        "off").
     """
 
     kind: Kind = Kind.MIRRORED
@@ -108,6 +116,8 @@ class RunConfig:
     local_steps: int = 0
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    latency: float = 0.0
+    bandwidth: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _kind(self.kind))  # "ps_async" given as text
@@ -124,10 +134,27 @@ class RunConfig:
             mode = f"mirrored {self.synchronization.name}"
             if self.synchronization is Sync.ON_READ:
                 mode += f" (average every {self.sync_period})" if self.sync_period else ""
-            return f"{mode}, {self.aggregation.name}{self.describe_communication()}"
+            return (f"{mode}, {self.aggregation.name}{self.describe_communication()}"
+                    f"{self.describe_network()}")
         lock = ", use_locking" if self.use_locking else ""
         agg = f", {self.aggregation.name}" if self.kind is Kind.PS_SYNC else ""  # async: unused
-        return f"{self.kind.label}{lock}{agg}"
+        return f"{self.kind.label}{lock}{agg}{self.describe_network()}"
+
+    @property
+    def network(self) -> network.NetworkModel | None:
+        """The modelled link this configuration asks for (None: full speed)."""
+        if not self.latency and self.bandwidth is None:
+            return None
+        return network.NetworkModel(self.latency, self.bandwidth)
+
+    def describe_network(self) -> str:
+        """The slowed-down link, as text ("" when off)."""
+        if self.network is None:
+            return ""
+        parts = [f"{self.latency * 1e3:g} ms"] if self.latency else []
+        if self.bandwidth is not None:
+            parts.append(f"{describe_rate(self.bandwidth)}")
+        return ", link " + " + ".join(parts)
 
     def describe_communication(self) -> str:
         """The communication modes on, as text ("" when none)."""
@@ -166,14 +193,16 @@ FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig))
 
 def parse(changes: Mapping[str, Any], current: RunConfig, num_replicas: int) -> dict[str, Any]:
     """Each change as the field's type (names of enums and kinds accepted, case-insensitive)."""
-    unknown = [k for k in changes if k not in FIELDS and k != "delay"]
+    unknown = [k for k in changes if k not in FIELDS and k not in ("delay", "network")]
     if unknown:
         raise TypeError(f"unknown lab setting(s) {unknown}; allowed: {', '.join(FIELDS)} "
-                        "(and delay={worker: seconds})")
+                        "(and delay={worker: seconds}, network=NetworkModel(...) or None)")
     out: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "delay":
             out["delays"] = _merge_delay(value, out.get("delays", current.delays), num_replicas)
+        elif name == "network":
+            out.update(_network(value))
         else:
             out[name] = _PARSERS[name](value)
     return out
@@ -245,6 +274,40 @@ def _merge_delay(value: Any, delays: tuple[float, ...], n: int) -> tuple[float, 
     return tuple(out)
 
 
+def _latency(value: Any) -> float:
+    seconds = network.parse_latency(value)  # its ValueError names the accepted forms
+    if seconds > MAX_LATENCY_S:
+        raise ValueError(f"latency={value!r} is not allowed in the lab; use at most "
+                         f"{MAX_LATENCY_S:g} s ({network.LATENCY_FORMS})")
+    return seconds
+
+
+def _bandwidth(value: Any) -> float | None:
+    rate = network.parse_bandwidth(value)
+    if rate < MIN_BANDWIDTH:
+        raise ValueError(f"bandwidth={value!r} is not allowed in the lab; use at least "
+                         f"{MIN_BANDWIDTH:g} bytes per second ({network.BANDWIDTH_FORMS})")
+    return None if math.isinf(rate) else rate
+
+
+def _network(value: Any) -> dict[str, Any]:
+    """`network=`: a NetworkModel's latency and bandwidth, or None / "off" for full speed."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return {"latency": 0.0, "bandwidth": None}
+    if isinstance(value, network.NetworkModel):
+        return {"latency": _latency(value.latency), "bandwidth": _bandwidth(value.bandwidth)}
+    raise TypeError(f"network={value!r} is not allowed; use ld.NetworkModel(latency=..., "
+                    "bandwidth=...), or None / 'off' for full speed")
+
+
+def describe_rate(bytes_per_s: float) -> str:
+    """"100 MB/s" for 1e8 (decimal units, as a link is quoted)."""
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if bytes_per_s >= size:
+            return f"{bytes_per_s / size:g} {unit}"
+    return f"{bytes_per_s:g} B/s"
+
+
 def _bool(name: str):
     def check(value: Any) -> bool:
         if not isinstance(value, bool):
@@ -302,4 +365,6 @@ _PARSERS = {
     "local_steps": _integer("local_steps", 0, 10_000, " (0: off)"),
     "outer_lr": lambda v: _number("outer_lr", v, 0.0, True, 10.0),
     "outer_momentum": lambda v: _number("outer_momentum", v, 0.0, False, 0.999),
+    "latency": _latency,
+    "bandwidth": _bandwidth,
 }

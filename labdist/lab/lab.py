@@ -40,7 +40,8 @@ class Lab:
         panel's buttons) shrink and grow it mid-run; "none" (default): a lost replica stops
         the run. A strategy you give brings its own mode.
     **settings: the starting RunConfig (kind, synchronization, aggregation, learning_rate,
-        skew, delays, use_locking, sync_period, resync, pace).
+        skew, delays, use_locking, sync_period, resync, pace, latency and bandwidth: a
+        slowed-down network, see `ld.NetworkModel`).
     """
 
     def __init__(self, strategy: Any = None, model: LabModel | None = None,

@@ -16,6 +16,7 @@ run (state "diverged", divergence.py) until a reset. Switching moves the state e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -31,6 +32,7 @@ from labdist.lab.config import RunConfig
 from labdist.lab.divergence import DivergenceError, find
 from labdist.lab.engines import StepRecord
 from labdist.lab.history import Event, RunHistory
+from labdist.lab.network_link import Link
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
@@ -70,6 +72,7 @@ class Runner:
         self._submitted = 0  # steps handed to the engine (ahead of `completed` while in flight)
         self._listeners: list[Callable[[dict], None]] = []
         self.engine = None
+        self.link = Link()  # the modelled network on the cluster's workers
         self._thread = threading.Thread(target=self._loop, name="labdist-lab", daemon=True)
         self._thread.start()
 
@@ -254,6 +257,8 @@ class Runner:
             texts += [f"replica {change.workers.index(w)} joined at step {change.step}; {n} "
                       "replicas" for w in change.joined]
             self.n = self.pool.num_replicas = n
+            if change.joined:  # a new worker process starts at full speed
+                self.link.configure(self.config, self.engine, force=True)
             with self._cv:
                 self.config = _resized(self.config, n)
                 self._changes = [(_resized(c, n), t, s) for c, t, s in self._changes]
@@ -288,6 +293,9 @@ class Runner:
                     "text": str(error)})
 
     def _finish_close(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):  # a cluster already gone has no link left
+                self.link.close(self.engine)
         with self._cv:
             self.state = "closed"
             self._calls, calls = [], self._calls
@@ -302,6 +310,7 @@ class Runner:
         self.engine = self.pool.engine(config.strategy_key, self.model, self.spec)
         init = self.spec.flatten(self.model.init_params())
         self.engine.use(config, self._copies_for(config, [init] * self.n))
+        self.link.configure(config, self.engine)
 
     def _copies_for(self, config: RunConfig, copies: list[np.ndarray]) -> list[np.ndarray]:
         if config.kind.is_ps:
@@ -327,6 +336,7 @@ class Runner:
             self.engine = engine
         else:
             self.engine.configure(new)
+        self.link.configure(new, self.engine)
         self.config = new
         self._next_at = 0.0
         text = "; ".join(f"{k} {_plain(a)} → {_plain(b)}" for k, (a, b) in diff.items())

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 import ipywidgets as w
 
 from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
-from labdist.ui import communication
+from labdist.ui import communication, network_controls
 
 KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
@@ -88,6 +88,8 @@ class Controls:
         self.buttons["run"].button_style = "success"
         self._bind()
         self.communication = communication.Controls(self._changed, self._quiet)
+        self.network = network_controls.Controls(
+            lambda **changes: self._safely(lambda: self.lab.set(**changes)), self._quiet)
         self.sync(lab.config)
 
     def _bind(self) -> None:
@@ -160,6 +162,7 @@ class Controls:
             self.use_locking.disabled = mirrored
             self.apply_delay.disabled = mirrored
             self.communication.sync(config, fields)
+            self.network.sync(config, fields)
         finally:
             self._quiet.on = False
 
@@ -176,6 +179,6 @@ class Controls:
             section("re-sync when copies must become one"), self.resync,
             self.sync_period, self.use_locking, self.apply_delay,
             self.learning_rate, self.skew, *self.delays, self.pace,
-            *self.communication.widgets(),
+            *self.communication.widgets(), *self.network.widgets(),
         ], layout=w.Layout(width="300px"))
 

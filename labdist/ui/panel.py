@@ -26,8 +26,13 @@ LEAD = {Kind.MIRRORED: ("plane", "spread"), Kind.PS_ASYNC: ("staleness", "throug
         Kind.PS_SYNC: ("throughput", "staleness")}
 
 
+BESIDE = "timeline"  # under the lead chart in every mode: where the time goes, in view
+
+
 def arrangement(kind: Kind, names: list[str]) -> tuple[str, list[str]]:
-    """(the chart on top, the others in order) for `kind`: its story first."""
+    """(the chart on top, the others in order) for `kind`: its story first (the timeline,
+    which has a place of its own under it, is in neither)."""
+    names = [n for n in names if n != BESIDE]
     first = [n for n in LEAD[kind] if n in names]
     rest = first[1:] + [n for n in names if n not in first]
     return first[0], rest
@@ -78,14 +83,17 @@ class LabPanel:
             else "no Dask dashboard for this cluster")
         self.dashboard.add_class("labdist-dashboard")
         self.controls.on_error = lambda text: self.log.append(f"refused: {text}")
-        # the mode's lead chart on top, full width; the rest in two columns where they fit,
+        # the mode's lead chart on top, full width, the timeline right under it (both in view
+        # at 1280 x 800 with the file browser open); the rest in two columns where they fit,
         # one where not; the charts go under the controls when the notebook is narrow
         self.lead = w.VBox([], layout=w.Layout(width="100%"))
+        self.beside = w.VBox([self.charts[BESIDE]] if BESIDE in self.charts else [],
+                             layout=w.Layout(width="100%"))
         self.grid = w.GridBox([], layout=w.Layout(grid_template_columns="repeat(auto-fit, "
                                                   "minmax(280px, 1fr))",
                                                   grid_gap="6px 10px", width="100%"))
         self.arrange(lab.config)
-        right = w.VBox([self.status, self.alert, self.lead, self.grid,
+        right = w.VBox([self.status, self.alert, self.lead, self.beside, self.grid,
                         w.HTML("<b>events</b>"), self.log.widget],
                        layout=w.Layout(flex="1 1 480px", min_width="0", width="auto"))
         self.window = w.IntSlider(

@@ -162,7 +162,7 @@ class Publisher:
             self._surface(points=points)
 
     def _event(self, item: dict) -> None:
-        label = ", ".join(f"{k} → {_short(v[1])}" for k, v in item["changes"].items())
+        label = ", ".join(f"{k} → {_short(v[1], k)}" for k, v in item["changes"].items())
         moved_ps = bool({"kind", "use_locking"} & item["changes"].keys())
         for name, chart in self.charts.items():
             if name == "staleness":  # its counts restart when the parameter server changes
@@ -172,6 +172,8 @@ class Publisher:
                     chart.event(f"since step {item['step']}: {label}")
             elif name == "plane":
                 chart.event(label)
+            elif name == "timeline":  # drawn at the moment it was applied, on its time axis
+                chart.mark(f"step {item['step']}: {label}", at=item["applied"])
             else:
                 chart.event(item["step"], label)
         if "replicas" in item["changes"]:  # quorum mode: a replica lost or taken in
@@ -322,7 +324,9 @@ class Publisher:
             self.status.value = text
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, name: str = "") -> str:
+    if name == "bandwidth" and value is None:
+        return "unlimited"
     if value == "ONLY_FIRST_REPLICA":
         return "FIRST"
     if isinstance(value, float):

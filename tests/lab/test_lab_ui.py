@@ -385,9 +385,10 @@ def test_the_chart_that_matters_for_the_mode_comes_first(strategy):
             lab.step(2)
             settle(panel, lab)
             assert panel.lead.children == (panel.charts[first],), kind
-            shown = {*panel.lead.children, *panel.grid.children}
+            assert panel.beside.children == (panel.charts["timeline"],)  # in every mode
+            shown = {*panel.lead.children, *panel.beside.children, *panel.grid.children}
             assert shown == set(panel.charts.values())  # every chart, once
-            assert len(panel.grid.children) == len(panel.charts) - 1
+            assert len(panel.grid.children) == len(panel.charts) - 2
         panel.close()
 
 

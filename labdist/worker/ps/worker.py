@@ -363,7 +363,9 @@ class WorkerContext(ReplicaContext):
                 waits.append((shard, "wait_step", (wait_step, key, release)))
             else:
                 statuses.add(r["status"])
-        statuses.update(self._executor.call_all(waits) if waits else ())
+        if waits:  # sync: at the barrier until the step's gradients are in (a peer's wait)
+            with phases.RECORDER.span("wait", {"worker": self.worker_index, "kind": "barrier"}):
+                statuses.update(self._executor.call_all(waits))
         if "starved" in statuses:
             raise RuntimeError(
                 "sync mode: fewer workers are left than replicas_to_aggregate, so no step can "

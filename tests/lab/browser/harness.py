@@ -211,3 +211,28 @@ class Notebook:
         return self.page.locator(".jp-OutputArea-output[data-mime-type*='error'], "
                                  ".jp-RenderedText[data-mime-type='application/vnd.jupyter"
                                  ".stderr']").all_inner_texts()
+
+
+POINTS = "() => document.querySelector('.labdist-spread').labdist.x.length >= {n}"
+
+
+@contextlib.contextmanager
+def open_lab(tmp_path: Path, cells: list[str], *, subshells: str = "on",
+             size: tuple[int, int] = (1280, 800), points: int = 20, name: str = "lab"):
+    """The opening every lab test shares: the notebook `cells` written, JupyterLab started,
+    a `size` browser on it, cell 0 run (it shows the panel), cell 1 run (it starts training),
+    and `points` steps on the spread chart. Yields the `Notebook` (its `page` too); a failure
+    leaves a screenshot `OUTPUT/<name>-failed.png`."""
+    write_notebook(tmp_path / "lab.ipynb", cells)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    with JupyterLab(tmp_path, subshells) as server, browser(*size) as page:
+        nb = Notebook(page, server, "lab.ipynb")
+        try:
+            nb.run(0)
+            page.locator(".labdist-panel").wait_for()
+            nb.run(1)
+            page.wait_for_function(POINTS.format(n=points))
+            yield nb
+        except BaseException:
+            page.screenshot(path=str(OUTPUT / f"{name}-failed.png"))
+            raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+from harness import OUTPUT, open_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -38,53 +38,43 @@ SPREAD = """() => {
 
 @pytest.mark.parametrize("subshells", ["on", "off"])
 def test_a_click_switches_aggregation_mid_run(tmp_path, subshells):
-    write_notebook(tmp_path / "lab.ipynb", CELLS)
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    with JupyterLab(tmp_path, subshells) as server, browser() as page:
-        nb = Notebook(page, server, "lab.ipynb")
-        try:
-            nb.run(0)
-            page.locator(".labdist-panel").wait_for()
-            nb.run(1)
-            page.wait_for_function(
-                "() => (document.querySelector('.labdist-spread').labdist.x.length >= 40)")
-            before = page.evaluate(SPREAD)
-            assert before["events"] == 0 and before["max_before"] == 0.0  # ON_WRITE MEAN
+    with open_lab(tmp_path, CELLS, subshells=subshells, size=(1500, 1500), points=40,
+                  name=f"lab-subshells-{subshells}") as nb:
+        page = nb.page
+        before = page.evaluate(SPREAD)
+        assert before["events"] == 0 and before["max_before"] == 0.0  # ON_WRITE MEAN
 
-            # the charts hear from the kernel at most 20 times a second (40 steps/s here)
-            t0 = time.monotonic()
-            time.sleep(2.0)
-            rate = (page.evaluate(SPREAD)["updates"] - before["updates"]) / (
-                time.monotonic() - t0)
-            assert 0 < rate <= 21, rate
+        # the charts hear from the kernel at most 20 times a second (40 steps/s here)
+        t0 = time.monotonic()
+        time.sleep(2.0)
+        rate = (page.evaluate(SPREAD)["updates"] - before["updates"]) / (
+            time.monotonic() - t0)
+        assert 0 < rate <= 21, rate
 
-            page.locator(".labdist-aggregation button", has_text="NONE").click()
-            page.wait_for_function(
-                "() => { const s = document.querySelector('.labdist-spread').labdist;"
-                " if (!s.events.length) return false; const ev = s.events[0].x;"
-                " return s.x.filter(x => x > ev).length >= 40; }", timeout=30_000)
-            after = page.evaluate(SPREAD)
-            assert after["events"] == 1 and after["max_before"] == 0.0
-            assert after["max_after"] > 0.01  # the copies drift apart on skewed data
-            assert after["image"] != before["image"]  # and the chart shows it
-            page.locator(".labdist-status", has_text="mirrored ON_WRITE, NONE").wait_for()
-            page.locator(".labdist-panel").screenshot(
-                path=str(OUTPUT / f"lab-subshells-{subshells}.png"))
+        page.locator(".labdist-aggregation button", has_text="NONE").click()
+        page.wait_for_function(
+            "() => { const s = document.querySelector('.labdist-spread').labdist;"
+            " if (!s.events.length) return false; const ev = s.events[0].x;"
+            " return s.x.filter(x => x > ev).length >= 40; }", timeout=30_000)
+        after = page.evaluate(SPREAD)
+        assert after["events"] == 1 and after["max_before"] == 0.0
+        assert after["max_after"] > 0.01  # the copies drift apart on skewed data
+        assert after["image"] != before["image"]  # and the chart shows it
+        page.locator(".labdist-status", has_text="mirrored ON_WRITE, NONE").wait_for()
+        page.locator(".labdist-panel").screenshot(
+            path=str(OUTPUT / f"lab-subshells-{subshells}.png"))
 
-            nb.run(2, wait=False)  # keeps the main shell busy until SUM applies (or 12 s)
-            page.locator(".labdist-aggregation button", has_text="SUM").click()
-            nb.wait_done(2)
-            during = nb.cell(2).locator(".jp-OutputArea-output").inner_text().strip()
-            # on: the click reaches the kernel on a subshell while the cell runs; off: it
-            # waits behind the cell on the main shell, and applies once the cell is done
-            assert during == f"during the cell: {'SUM' if subshells == 'on' else 'NONE'}"
-            page.locator(".labdist-log", has_text="aggregation → SUM").wait_for(timeout=30_000)
-            nb.run(3)
-            printed = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
-            assert printed.startswith("SUM |")
-            assert "aggregation MEAN → NONE / aggregation NONE → SUM" in printed
-            nb.run(4)
-            assert nb.errors() == []
-        except BaseException:
-            page.screenshot(path=str(OUTPUT / f"lab-subshells-{subshells}-failed.png"))
-            raise
+        nb.run(2, wait=False)  # keeps the main shell busy until SUM applies (or 12 s)
+        page.locator(".labdist-aggregation button", has_text="SUM").click()
+        nb.wait_done(2)
+        during = nb.cell(2).locator(".jp-OutputArea-output").inner_text().strip()
+        # on: the click reaches the kernel on a subshell while the cell runs; off: it
+        # waits behind the cell on the main shell, and applies once the cell is done
+        assert during == f"during the cell: {'SUM' if subshells == 'on' else 'NONE'}"
+        page.locator(".labdist-log", has_text="aggregation → SUM").wait_for(timeout=30_000)
+        nb.run(3)
+        printed = nb.cell(3).locator(".jp-OutputArea-output").inner_text()
+        assert printed.startswith("SUM |")
+        assert "aggregation MEAN → NONE / aggregation NONE → SUM" in printed
+        nb.run(4)
+        assert nb.errors() == []

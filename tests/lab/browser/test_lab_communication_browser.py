@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+from harness import OUTPUT, open_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -25,16 +25,9 @@ AFTER = """(name) => {
 
 
 def test_diloco_and_topk_set_by_clicks_show_on_the_charts(tmp_path):
-    write_notebook(tmp_path / "lab.ipynb", CELLS)
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    with JupyterLab(tmp_path, "on") as server, browser(1280, 800) as page:
-        nb = Notebook(page, server, "lab.ipynb")
+    with open_lab(tmp_path, CELLS, name="lab-communication") as nb:
+        page = nb.page
         try:
-            nb.run(0)
-            page.locator(".labdist-panel").wait_for()
-            nb.run(1)
-            page.wait_for_function(
-                "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
             page.locator(".labdist-communication").get_by_text("less communication").click()
             page.locator(".labdist-compression select").select_option("topk")
             page.locator(".labdist-log", has_text="compression → topk").wait_for(

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+from harness import OUTPUT, open_lab
 
 pytestmark = [pytest.mark.browser]
 
@@ -95,120 +95,109 @@ def _set_readout(page, control: str, value: str) -> None:
 
 @pytest.mark.timeout(480)
 def test_a_newcomer_session_at_1280x800(tmp_path):
-    write_notebook(tmp_path / "lab.ipynb", CELLS)
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    with JupyterLab(tmp_path, "on") as server, browser(1280, 800) as page:
-        nb = Notebook(page, server, "lab.ipynb")
-        try:
-            nb.run(0)
-            page.locator(".labdist-panel").wait_for()
-            printed = nb.cell(0).locator(".jp-OutputArea-output").first.inner_text().strip()
-            assert Path(printed).parent.parent == Path(__file__).resolve().parents[3]
+    with open_lab(tmp_path, CELLS, points=40, name="lab-newcomer") as nb:
+        page = nb.page
+        printed = nb.cell(0).locator(".jp-OutputArea-output").first.inner_text().strip()
+        assert Path(printed).parent.parent == Path(__file__).resolve().parents[3]
 
-            # every control fits the 1280 px width, and each is no taller than the viewport
-            assert page.evaluate(CONTROLS) == []
-            assert "spread stays 0" in _caption(page, "spread")
+        # every control fits the 1280 px width, and each is no taller than the viewport
+        assert page.evaluate(CONTROLS) == []
+        assert "spread stays 0" in _caption(page, "spread")
 
-            nb.run(1)
+        for n, (control, text) in enumerate(SWITCHES, start=1):
+            _click(page, control, text)
             page.wait_for_function(
-                "() => document.querySelector('.labdist-spread').labdist.x.length >= 40")
-            for n, (control, text) in enumerate(SWITCHES, start=1):
-                _click(page, control, text)
+                f"() => document.querySelector('.labdist-spread').labdist.events.length"
+                f" >= {n}", timeout=90_000)
+            if text == "NONE" and n == 1:
+                _wait_caption(page, "spread", "replicas update on their own — spread grows")
+            if text == "PS async":  # the PS panel explains itself, and its numbers add up
+                _wait_caption(page, "throughput", "a straggler slows only its own")
+                _wait_caption(page, "staleness", "torn read: a worker read")
                 page.wait_for_function(
-                    f"() => document.querySelector('.labdist-spread').labdist.events.length"
-                    f" >= {n}", timeout=90_000)
-                if text == "NONE" and n == 1:
-                    _wait_caption(page, "spread", "replicas update on their own — spread grows")
-                if text == "PS async":  # the PS panel explains itself, and its numbers add up
-                    _wait_caption(page, "throughput", "a straggler slows only its own")
-                    _wait_caption(page, "staleness", "torn read: a worker read")
-                    page.wait_for_function(
-                        "() => { const el = document.querySelector('.labdist-staleness');"
-                        " const m = el.textContent.match(/(\\d+) updates/);"
-                        " return m && Number(m[1]) > 0"
-                        " && Number(m[1]) === Number(el.dataset.total); }", timeout=30_000)
-                assert page.evaluate(OVERLAPS) == []
-            assert _events(page) == 10
-            page.wait_for_timeout(500)
-            labels = page.evaluate(LABELS)
-            assert all(c["events"] == 10 for c in labels), labels
-            assert all(c["drawn"] >= 3 for c in labels), labels  # readable, not all hidden
+                    "() => { const el = document.querySelector('.labdist-staleness');"
+                    " const m = el.textContent.match(/(\\d+) updates/);"
+                    " return m && Number(m[1]) > 0"
+                    " && Number(m[1]) === Number(el.dataset.total); }", timeout=30_000)
             assert page.evaluate(OVERLAPS) == []
-            # a shortened label shows its full text on hover
-            page.locator(".labdist-spread").scroll_into_view_if_needed()
-            target = page.evaluate(HOVER)
-            assert target is not None  # ten switches in ~100 steps: some labels are short
-            page.mouse.move(target["x"], target["y"])
-            page.wait_for_function(
-                "(label) => document.querySelector('.labdist-spread canvas').title"
-                ".includes(label)", arg=target["label"], timeout=5_000)
-            (OUTPUT / "lab-newcomer-labels.json").write_text(json.dumps(page.evaluate(
-                "() => [...document.querySelectorAll('.labdist-chart')].map(el =>"
-                " [el.dataset.title, el.labdist.labels || []])"), indent=1))
-            for chart in ("spread", "loss", "track-w", "staleness", "plane"):
-                el = page.locator(f".labdist-{chart}")  # to look at: ten labels, readable
-                el.scroll_into_view_if_needed()
-                el.screenshot(path=str(OUTPUT / f"lab-newcomer-{chart}.png"))
+        assert _events(page) == 10
+        page.wait_for_timeout(500)
+        labels = page.evaluate(LABELS)
+        assert all(c["events"] == 10 for c in labels), labels
+        assert all(c["drawn"] >= 3 for c in labels), labels  # readable, not all hidden
+        assert page.evaluate(OVERLAPS) == []
+        # a shortened label shows its full text on hover
+        page.locator(".labdist-spread").scroll_into_view_if_needed()
+        target = page.evaluate(HOVER)
+        assert target is not None  # ten switches in ~100 steps: some labels are short
+        page.mouse.move(target["x"], target["y"])
+        page.wait_for_function(
+            "(label) => document.querySelector('.labdist-spread canvas').title"
+            ".includes(label)", arg=target["label"], timeout=5_000)
+        (OUTPUT / "lab-newcomer-labels.json").write_text(json.dumps(page.evaluate(
+            "() => [...document.querySelectorAll('.labdist-chart')].map(el =>"
+            " [el.dataset.title, el.labdist.labels || []])"), indent=1))
+        for chart in ("spread", "loss", "track-w", "staleness", "plane"):
+            el = page.locator(f".labdist-{chart}")  # to look at: ten labels, readable
+            el.scroll_into_view_if_needed()
+            el.screenshot(path=str(OUTPUT / f"lab-newcomer-{chart}.png"))
 
-            # a learning-rate blow-up, and its recovery
-            page.wait_for_timeout(1500)
-            calm = page.evaluate(VIEW, ".labdist-loss")
-            _set_readout(page, "learning-rate", "0.3")
-            page.locator(".labdist-log", has_text="learning_rate → 0.3").wait_for(
-                timeout=30_000)
-            page.wait_for_timeout(2000)
-            peak = page.evaluate(VIEW, ".labdist-loss")
-            assert peak["dataHi"] > calm["dataHi"]  # the blow-up shows
-            _set_readout(page, "learning-rate", "0.05")
-            page.locator(".labdist-log", has_text="learning_rate → 0.05").wait_for(
-                timeout=30_000)
-            recovered = time.monotonic()
-            page.wait_for_function(
-                """(peak) => { const v = document.querySelector('.labdist-loss').labdist.view;
-                  return v.y1 < peak && v.dataHi < peak; }""",
-                arg=peak["dataHi"], timeout=10_000)
-            back = time.monotonic() - recovered
-            assert back <= 10.0
-            for chart in (".labdist-loss", ".labdist-spread", ".labdist-track-w"):
-                v = page.evaluate(VIEW, chart)  # the axis hugs the visible window's data
-                span = max(v["dataHi"] - v["dataLo"], 1e-9)
-                assert v["y0"] <= v["dataLo"] or v["clipLo"], v  # or marked "off scale"
-                assert v["y1"] >= v["dataHi"] or v["clipHi"], v
-                assert v["y1"] - v["y0"] <= 1.5 * span + 2e-12 or span < 1e-6, (chart, v)
-                assert v["x1"] - v["x0"] <= 200 + 1e-9, v  # the default window
+        # a learning-rate blow-up, and its recovery
+        page.wait_for_timeout(1500)
+        calm = page.evaluate(VIEW, ".labdist-loss")
+        _set_readout(page, "learning-rate", "0.3")
+        page.locator(".labdist-log", has_text="learning_rate → 0.3").wait_for(
+            timeout=30_000)
+        page.wait_for_timeout(2000)
+        peak = page.evaluate(VIEW, ".labdist-loss")
+        assert peak["dataHi"] > calm["dataHi"]  # the blow-up shows
+        _set_readout(page, "learning-rate", "0.05")
+        page.locator(".labdist-log", has_text="learning_rate → 0.05").wait_for(
+            timeout=30_000)
+        recovered = time.monotonic()
+        page.wait_for_function(
+            """(peak) => { const v = document.querySelector('.labdist-loss').labdist.view;
+              return v.y1 < peak && v.dataHi < peak; }""",
+            arg=peak["dataHi"], timeout=10_000)
+        back = time.monotonic() - recovered
+        assert back <= 10.0
+        for chart in (".labdist-loss", ".labdist-spread", ".labdist-track-w"):
+            v = page.evaluate(VIEW, chart)  # the axis hugs the visible window's data
+            span = max(v["dataHi"] - v["dataLo"], 1e-9)
+            assert v["y0"] <= v["dataLo"] or v["clipLo"], v  # or marked "off scale"
+            assert v["y1"] >= v["dataHi"] or v["clipHi"], v
+            assert v["y1"] - v["y0"] <= 1.5 * span + 2e-12 or span < 1e-6, (chart, v)
+            assert v["x1"] - v["x0"] <= 200 + 1e-9, v  # the default window
 
-            # reset in PS async (updates land as they finish): the throughput starts again
-            # without a spike
-            _click(page, "kind", "PS async")
-            _wait_caption(page, "throughput", "a straggler slows only its own")
-            page.wait_for_function(
-                "() => { const s = document.querySelector('.labdist-throughput').labdist;"
-                " if (!s || !s.events.length) return false;"  # moved up: a new view, filling
-                " const ev = s.events[s.events.length - 1].x;"
-                " return s.x.filter(x => x > ev + 20).length > 0; }", timeout=30_000)
-            before = page.evaluate(
-                "() => document.querySelector('.labdist-throughput').labdist.x.length")
-            page.locator(".labdist-reset").click()
-            page.locator(".labdist-log", has_text="reset: back to").wait_for(timeout=30_000)
-            page.locator(".labdist-run").click()
-            page.wait_for_function(
-                f"() => {{ const s = document.querySelector('.labdist-throughput').labdist;"
-                f" return s.x.length >= 30 && s.x[0] < {max(before, 1)}; }}", timeout=30_000)
-            rates = page.evaluate(
-                "() => document.querySelector('.labdist-throughput').labdist.y[0]")
-            assert 0 < max(rates) <= 1.5 * PACE, rates
+        # reset in PS async (updates land as they finish): the throughput starts again
+        # without a spike
+        _click(page, "kind", "PS async")
+        _wait_caption(page, "throughput", "a straggler slows only its own")
+        page.wait_for_function(
+            "() => { const s = document.querySelector('.labdist-throughput').labdist;"
+            " if (!s || !s.events.length) return false;"  # moved up: a new view, filling
+            " const ev = s.events[s.events.length - 1].x;"
+            " return s.x.filter(x => x > ev + 20).length > 0; }", timeout=30_000)
+        before = page.evaluate(
+            "() => document.querySelector('.labdist-throughput').labdist.x.length")
+        page.locator(".labdist-reset").click()
+        page.locator(".labdist-log", has_text="reset: back to").wait_for(timeout=30_000)
+        page.locator(".labdist-run").click()
+        page.wait_for_function(
+            f"() => {{ const s = document.querySelector('.labdist-throughput').labdist;"
+            f" return s.x.length >= 30 && s.x[0] < {max(before, 1)}; }}", timeout=30_000)
+        rates = page.evaluate(
+            "() => document.querySelector('.labdist-throughput').labdist.y[0]")
+        assert 0 < max(rates) <= 1.5 * PACE, rates
 
-            assert page.evaluate(CONTROLS) == []
-            assert page.evaluate(OVERLAPS) == []
-            # the plane's event labels sit beside the paths, never over them
-            assert page.evaluate(
-                "() => document.querySelector('.labdist-plane').labdist.labelsOnPaths") == 0
-            assert "panel error" not in page.locator(".labdist-log").inner_text()
-            page.locator(".labdist-panel").scroll_into_view_if_needed()
-            page.screenshot(path=str(OUTPUT / "lab-newcomer-1280x800.png"))
-            page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-newcomer-panel.png"))
-            nb.run(2)
-            assert nb.errors() == []
-        except BaseException:
-            page.screenshot(path=str(OUTPUT / "lab-newcomer-failed.png"))
-            raise
+        assert page.evaluate(CONTROLS) == []
+        assert page.evaluate(OVERLAPS) == []
+        # the plane's event labels sit beside the paths, never over them
+        assert page.evaluate(
+            "() => document.querySelector('.labdist-plane').labdist.labelsOnPaths") == 0
+        assert "panel error" not in page.locator(".labdist-log").inner_text()
+        page.locator(".labdist-panel").scroll_into_view_if_needed()
+        page.screenshot(path=str(OUTPUT / "lab-newcomer-1280x800.png"))
+        page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-newcomer-panel.png"))
+        nb.run(2)
+        assert nb.errors() == []

@@ -5,7 +5,7 @@ added worker join, and the spread chart stays at 0 throughout (ON_WRITE, MEAN)."
 from __future__ import annotations
 
 import pytest
-from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
+from harness import OUTPUT, open_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -24,31 +24,20 @@ SPREAD = """() => {
 
 
 def test_kill_and_add_replica_buttons(tmp_path):
-    write_notebook(tmp_path / "lab.ipynb", CELLS)
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    with JupyterLab(tmp_path, "on") as server, browser(1280, 800) as page:
-        nb = Notebook(page, server, "lab.ipynb")
-        try:
-            nb.run(0)
-            page.locator(".labdist-panel").wait_for()
-            nb.run(1)
-            page.wait_for_function(
-                "() => document.querySelector('.labdist-spread').labdist.x.length >= 20")
-            page.locator(".labdist-replica-kill").click()
-            log = page.locator(".labdist-log")
-            log.filter(has_text="replica 1 lost at step").wait_for(timeout=30_000)
-            log.filter(has_text="replica 1 joined at step").wait_for(timeout=60_000)
-            page.locator(".labdist-replica-add").click()
-            log.filter(has_text="replica 2 joined at step").wait_for(timeout=60_000)
-            page.wait_for_timeout(1500)
-            spread = page.evaluate(SPREAD)
-            assert spread["points"] > 20 and spread["max"] == 0.0
-            page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-quorum.png"))
-            nb.run(2)
-            printed = nb.cell(2).locator(".jp-OutputArea-output").inner_text()
-            assert printed.startswith("3 |") and "replica 1 lost at step" in printed
-            nb.run(3)
-            assert nb.errors() == []
-        except BaseException:
-            page.screenshot(path=str(OUTPUT / "lab-quorum-failed.png"))
-            raise
+    with open_lab(tmp_path, CELLS, name="lab-quorum") as nb:
+        page = nb.page
+        page.locator(".labdist-replica-kill").click()
+        log = page.locator(".labdist-log")
+        log.filter(has_text="replica 1 lost at step").wait_for(timeout=30_000)
+        log.filter(has_text="replica 1 joined at step").wait_for(timeout=60_000)
+        page.locator(".labdist-replica-add").click()
+        log.filter(has_text="replica 2 joined at step").wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        spread = page.evaluate(SPREAD)
+        assert spread["points"] > 20 and spread["max"] == 0.0
+        page.locator(".labdist-panel").screenshot(path=str(OUTPUT / "lab-quorum.png"))
+        nb.run(2)
+        printed = nb.cell(2).locator(".jp-OutputArea-output").inner_text()
+        assert printed.startswith("3 |") and "replica 1 lost at step" in printed
+        nb.run(3)
+        assert nb.errors() == []
