@@ -320,6 +320,7 @@ class Runner:
         moved = (new.strategy_key != old.strategy_key or (new.synchronization, new.aggregation)
                  != (old.synchronization, old.aggregation))
         if moved:
+            self.engine.leave(old)  # a DiLoCo round closed, residuals sent: nothing left behind
             before = self.engine.copies()
             engine = self.pool.engine(new.strategy_key, self.model, self.spec)
             after = self._copies_for(new, before)
