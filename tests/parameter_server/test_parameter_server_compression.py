@@ -215,3 +215,27 @@ def test_a_push_that_does_not_land_leaves_its_residual_owed_as_it_was():
         assert st["residual_norm"] == pytest.approx(np.sqrt((r_a ** 2).sum()
                                                             + (r_b ** 2).sum()), rel=1e-5)
         assert st["raw_bytes"] == 3 * SIZE * 4  # the updates that landed, each once
+
+
+@pytest.mark.timeout(180)
+def test_the_compressor_switched_after_a_worker_was_lost_is_what_the_others_use():
+    """Parameter-server training goes on without a lost worker, so its compressor must still
+    switch: the workers left take the new one (their pushes shrink to top-k's size), and the
+    lost worker's counters read None."""
+    with local_client(3) as client, ld.ParameterServerStrategy(
+            client, num_workers=2, transport="tcp", compression="fp16") as s:
+        with s.scope():
+            v = ld.Variable(np.zeros(SIZE, np.float32), name="v")
+        doomed = s.workers[1]
+        os.kill(client.run(os.getpid, workers=[doomed])[doomed], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while doomed in client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        s.compression = ld.compression.TopK(0.01)
+        assert s.compression == ld.compression.TopK(0.01)
+        before = s.push_stats()
+        assert before[1] is None
+        push_all(s, v, updates(4))  # the coordinator finds worker 1 gone: all on worker 0
+        after = s.push_stats()[0]
+        assert after["raw_bytes"] - before[0]["raw_bytes"] == 4 * SIZE * 4
+        assert after["sent_bytes"] - before[0]["sent_bytes"] == 4 * SIZE * 0.01 * 8
