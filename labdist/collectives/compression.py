@@ -72,9 +72,13 @@ class FP16(Compressor):
 
 def bf16_bits(xp, a):
     """float -> bfloat16 as uint16 bits, rounded to nearest even (numpy has no bfloat16)."""
-    u = xp.ascontiguousarray(a.astype(xp.float32)).view(xp.uint32)
-    rounding = ((u >> 16) & xp.uint32(1)) + xp.uint32(0x7FFF)
-    return ((u + rounding) >> 16).astype(xp.uint16)
+    u = xp.ascontiguousarray(a.astype(xp.float32, copy=False)).view(xp.uint32)  # read only
+    bits = u >> 16  # one temporary, worked in place: this runs on every gradient, every step
+    bits &= xp.uint32(1)
+    bits += xp.uint32(0x7FFF)
+    bits += u  # wraps as uint32 arithmetic does, the same as (u + rounding)
+    bits >>= 16
+    return bits.astype(xp.uint16)
 
 
 def bf16_value(xp, bits):
