@@ -160,6 +160,19 @@ def test_topk_of_a_big_gradient_keeps_exactly_the_k_largest(kind):
     np.testing.assert_array_equal(np.sort(np.abs(values)), expected)
 
 
+def test_topk_of_a_big_gradient_on_the_strict_device_double():
+    """The sampled path keeps to device arrays (the strict double refuses host conversions
+    as cupy does) and picks the same k values as on the host."""
+    from labdist.devices.strict.backend import STRICT
+
+    g = np.random.default_rng(6).standard_normal(784 * 512).astype(np.float32)
+    compressor = TopK(0.01, error_feedback=False)
+    (idx, values), _ = compressor.encode(STRICT.xp, STRICT.to_device(g), 0)
+    (host_idx, _), _ = compressor.encode(np, g, 0)
+    assert set(STRICT.to_host(idx).tolist()) == set(host_idx.tolist())
+    np.testing.assert_array_equal(STRICT.to_host(values), g[STRICT.to_host(idx)])
+
+
 def test_topk_ratio_one_is_the_plain_sum():
     results = run_steps(TopK(1.0), 1)
     for i in range(2):
