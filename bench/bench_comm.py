@@ -1,21 +1,29 @@
 """Less communication: bytes per step and steps/s of each mode against plain mirrored
-training, in one run, over shared memory and over Dask comms (`transport="tcp"`).
+training, in one run, over shared memory at full speed and over a slowed network
+(`ld.NetworkModel`), with issue 28's target printed as PASS / FAIL.
 
 The model is bench_train.py's 784-512-10 MLP (SGD 0.01, batch 64, 2 replicas, float32; 1.6 MB
-of gradients a step) on synthetic data. Each transport gets one strategy; every mode trains a
-fresh model with the same seed through `fit` (steps_per_execution 1), switched with the
-strategy's setters. Modes run in a new random order each round; figures are medians over the
-rounds, and the report gives each mode's ratio to plain mirrored on the same transport (the
-machine may be shared: ratios hold up better than absolute figures). Bytes are the array
-bytes replica 0 sent to its peer (`strategy.communication_stats()`), per optimizer step.
+of gradients a step) on synthetic data. One strategy (shared-memory transport) serves every
+setting; the slowed network is `NetworkModel(latency="1ms", bandwidth="100MB/s")` on every
+worker, about a 1 Gbit/s Ethernet link: plain mirrored's 1.6 MB then take ~17 ms on the wire
+per step, several times the step's own compute, so communication dominates (the setting the
+compressors are for). Every mode trains a fresh model with the same seed through `fit`
+(steps_per_execution 1), switched with the strategy's setters.
 
-Run: `python bench/bench_comm.py [--quick] [--rounds N] [--steps N] [--json PATH]`.
+Each round runs every (network, mode) pair in a new random order, so modes share the load of
+the moment; figures are medians over the rounds, and each mode's ratio to plain mirrored is the
+median of the per-round ratios (paired in time: the machine may be shared). Bytes are the
+array bytes replica 0 sent to its peer (`strategy.communication_stats()`), per optimizer step.
+
+Run: `python bench/bench_comm.py [--quick] [--rounds N] [--steps N] [--latency 1ms]
+[--bandwidth 100MB/s] [--tcp] [--json PATH]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -30,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import labdist as ld
 
 NESTEROV = {"learning_rate": 0.7, "momentum": 0.9, "nesterov": True}
+TARGET = ("slowed", "topk 1%", 2.0)  # issue 28: top-k 1 % >= 2x plain mirrored, slowed network
 
 
 def modes() -> dict[str, dict]:
@@ -70,60 +79,109 @@ def measure(strategy, mode: dict, x, y, steps: int, warmup: int) -> tuple[float,
     return steps / seconds, sent / steps
 
 
+def networks(args) -> dict[str, tuple[str, ld.NetworkModel | None]]:
+    """Setting name -> (transport, network model or None)."""
+    out = {"shm": ("shm", None),
+           "slowed": ("shm", ld.NetworkModel(latency=args.latency, bandwidth=args.bandwidth))}
+    if args.tcp:
+        out["tcp"] = ("tcp", None)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 16 steps")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 24 steps")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--latency", default="1ms")
+    parser.add_argument("--bandwidth", default="100MB/s")
+    parser.add_argument("--tcp", action="store_true", help="also Dask comms (transport tcp)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    rounds, steps = (1, 16) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (2, 24) if args.quick else (args.rounds, args.steps)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64 * steps, 784)).astype(np.float32)
     y = rng.integers(0, 10, 64 * steps)
     info = machine()
-    table: dict[str, dict[str, dict]] = {}
+    info["loadavg_before"] = os.getloadavg()
+    nets = networks(args)
+    runs = {net: {name: [] for name in modes()} for net in nets}
+    strategies = {}
     cpu0, t0 = cpu_seconds(), time.perf_counter()
-    for transport in ("shm", "tcp"):
-        strategy = ld.MirroredStrategy(num_replicas=2, device="cpu", transport=transport)
-        try:
-            runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes()}
-            for r in range(rounds):
-                order = list(modes().items())
-                random.Random(r).shuffle(order)
-                for name, mode in order:
-                    runs[name].append(measure(strategy, mode, x, y, steps, warmup=8))
-                    print(f"{transport} round {r + 1}: {name}: {runs[name][-1][0]:.1f} steps/s",
-                          file=sys.stderr, flush=True)
-        finally:
-            strategy.close()
-        base = statistics.median(s for s, _ in runs["mirrored"])
-        base_bytes = statistics.median(b for _, b in runs["mirrored"])
-        table[transport] = {
-            name: {"steps_per_s": statistics.median(s for s, _ in rs),
-                   "bytes_per_step": statistics.median(b for _, b in rs),
-                   "speed_vs_mirrored": statistics.median(s for s, _ in rs) / base,
-                   "bytes_vs_mirrored": statistics.median(b for _, b in rs) / base_bytes}
-            for name, rs in runs.items()}
+    try:
+        for transport, _ in nets.values():
+            if transport not in strategies:
+                strategies[transport] = ld.MirroredStrategy(num_replicas=2, device="cpu",
+                                                            transport=transport)
+        for r in range(rounds):
+            order = [(net, name) for net in nets for name in modes()]
+            random.Random(r).shuffle(order)
+            for net, name in order:
+                transport, model = nets[net]
+                strategy = strategies[transport]
+                if model is None:
+                    ld.NetworkModel.off(strategy)
+                else:
+                    model.apply(strategy)
+                runs[net][name].append(measure(strategy, modes()[name], x, y, steps, warmup=8))
+                print(f"round {r + 1}: {net}: {name}: {runs[net][name][-1][0]:.1f} steps/s",
+                      file=sys.stderr, flush=True)
+    finally:
+        for s in strategies.values():
+            s.close()
     info["cpu_use"] = cpu_account(cpu0, time.perf_counter() - t0)
-    report = format_report(table, info, rounds, steps)
-    print(report)
-    result = {"table": table, "machine": info, "rounds": rounds, "steps": steps}
+    info["loadavg_after"] = os.getloadavg()
+    table = {net: summarise(rs) for net, rs in runs.items()}
+    result = {"table": table, "machine": info, "rounds": rounds, "steps": steps,
+              "network": {"latency": args.latency, "bandwidth": args.bandwidth},
+              "runs": runs, "target": target(table)}
+    print(format_report(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
-def format_report(table: dict, info: dict, rounds: int, steps: int) -> str:
-    lines = [f"bench_comm: 784-512-10 MLP, batch 64, 2 replicas; {rounds} round(s) of {steps} "
-             f"steps per mode; others took {info['cpu_use']['others_share']:.0%} of the CPUs",
-             "", "| transport | mode | steps/s | x mirrored | bytes/step | x mirrored |",
+def summarise(runs: dict[str, list[tuple[float, float]]]) -> dict[str, dict]:
+    """Medians per mode; ratios to plain mirrored paired round by round."""
+    base = runs["mirrored"]
+    out = {}
+    for name, rs in runs.items():
+        out[name] = {
+            "steps_per_s": statistics.median(s for s, _ in rs),
+            "bytes_per_step": statistics.median(b for _, b in rs),
+            "speed_vs_mirrored": statistics.median(s / m for (s, _), (m, _)
+                                                   in zip(rs, base, strict=True)),
+            "speed_vs_mirrored_per_round": [s / m for (s, _), (m, _)
+                                            in zip(rs, base, strict=True)],
+            "bytes_vs_mirrored": statistics.median(b for _, b in rs)
+            / statistics.median(b for _, b in base)}
+    return out
+
+
+def target(table: dict) -> dict:
+    net, mode, bar = TARGET
+    ratio = table[net][mode]["speed_vs_mirrored"]
+    return {"network": net, "mode": mode, "ratio": ratio, "bar": bar, "passed": ratio >= bar}
+
+
+def format_report(result: dict) -> str:
+    info, table, t = result["machine"], result["table"], result["target"]
+    net = result["network"]
+    lines = [f"bench_comm: 784-512-10 MLP, batch 64, 2 replicas; {result['rounds']} round(s) of "
+             f"{result['steps']} steps per mode; slowed = latency {net['latency']}, bandwidth "
+             f"{net['bandwidth']}; others took {info['cpu_use']['others_share']:.0%} of the "
+             f"CPUs; load average before {info['loadavg_before'][0]:.2f}, after "
+             f"{info['loadavg_after'][0]:.2f}",
+             "", "| network | mode | steps/s | x mirrored | bytes/step | x mirrored |",
              "|---|---|---:|---:|---:|---:|"]
-    for transport, rows in table.items():
+    for network, rows in table.items():
         for name, row in rows.items():
-            lines.append(f"| {transport} | {name} | {row['steps_per_s']:.1f} | "
+            lines.append(f"| {network} | {name} | {row['steps_per_s']:.1f} | "
                          f"{row['speed_vs_mirrored']:.2f} | {row['bytes_per_step']:,.0f} | "
                          f"{row['bytes_vs_mirrored']:.4f} |")
+    lines += ["", f"TARGET {t['mode']} on the {t['network']} network: {t['ratio']:.2f}x plain "
+                  f"mirrored steps/s (bar >= {t['bar']:g}x): "
+                  f"{'PASS' if t['passed'] else 'FAIL'}"]
     return "\n".join(lines)
 
 

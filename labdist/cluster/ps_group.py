@@ -179,6 +179,24 @@ class ParameterServerGroup(ActorGroup):
             return await asyncio.gather(*(self.call_worker(w, method, *args) for w in workers))
         return self.client.sync(gather)
 
+    def call_live_workers(self, method: str, *args) -> list[Any]:
+        """Call every worker not lost (parameter-server training goes on without a lost
+        one); a lost worker's place holds None, and one lost during the call too."""
+        live = [w for w in range(self.num_workers) if not self.worker_lost(w)]
+
+        async def gather():
+            return await asyncio.gather(*(self.call_worker(w, method, *args) for w in live),
+                                        return_exceptions=True)
+
+        out: list[Any] = [None] * self.num_workers
+        for w, r in zip(live, self.client.sync(gather), strict=True):
+            if isinstance(r, BaseException):
+                if isinstance(r, remote.COMM_ERRORS) and self.worker_lost(w):
+                    continue
+                raise r
+            out[w] = r
+        return out
+
     def placement_for(self, w: int) -> tuple[int, dict[int, int] | None]:
         """(version, the variable placement when worker `w` has not got that version yet)."""
         with self._lock:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from labdist.collectives import compression
+from labdist.enums import VariableAggregation as Agg
 from labdist.lab import steps
 from labdist.lab.config import RunConfig
 from labdist.training import diloco, optimizers
@@ -77,6 +80,20 @@ class Modes:
             self.strategy.set_local_sgd(*local_sgd(config))
             self._owed = self._owed or wanted_l == (0,)
             self._local = wanted_l
+
+    def settle(self, config: RunConfig, variables: dict[str, Any]) -> list[np.ndarray] | None:
+        """The copies of `variables` are about to move (a switch of kind, synchronization or
+        aggregation): turn the modes off and run one closing step that ends a DiLoCo round
+        in progress with its outer step and sends the residuals owed (`steps.closing_step`,
+        with `config`'s learning rate), so no update is lost or applied twice. Returns every
+        replica's copy after it (None: nothing was open)."""
+        if not self.active:
+            return None
+        self.close()
+        args = (variables, self.outer, config.learning_rate, config.aggregation is Agg.MEAN)
+        copies = self.strategy.run_transaction(steps.closing_step, lambda n: args)
+        self._owed = False
+        return [np.array(c, np.float64) for c in copies]
 
     def close(self) -> None:
         """Leave the strategy as the lab found it: no compressor, no local SGD."""

@@ -7,6 +7,8 @@ backends of `labdist.backend`), behind one small interface the runner drives:
   that finished;
 - `configure(config)`: settings that change without a switch (delays, apply delay);
 - `drain()`: finish whatever is in flight (a step boundary); returns their records;
+- `leave(config)`: the copies are about to move to another engine or variable set (a switch):
+  settle what `config`'s modes left open first (mirrored: a DiLoCo round, residuals owed);
 - `copies()`: the per-replica parameter vectors now (at a boundary).
 
 `MirroredEngine` lives here; `ps_engine.ParameterServerEngine` is the other one.
@@ -180,6 +182,18 @@ class MirroredEngine:
 
     def drain(self) -> list[StepRecord]:
         return []
+
+    def leave(self, config: RunConfig) -> None:
+        """Before a switch reads `copies()`: close a DiLoCo round in progress with its outer
+        step and send the error-feedback residuals owed (`Modes.settle`), so the copies that
+        move hold every update once (a resync would otherwise average a round's drifted
+        copies, skipping the outer step, and the residuals would stay behind)."""
+        if self.variables is None:
+            return
+        settled = self.modes.settle(config, self.variables)
+        if settled is not None:
+            self._latest = settled
+            self.num_replicas = len(settled)
 
     def stats(self, force: bool = False) -> dict | None:
         return None

@@ -149,6 +149,9 @@ class ParameterServerEngine:
         with contextlib.suppress(BaseException):
             self.coordinator.join()  # TF raises a failure once: here, not on the next run
 
+    def leave(self, config: RunConfig) -> None:
+        """Nothing to settle before a switch: pushes are not compressed in the lab."""
+
     def drain(self) -> list[StepRecord]:
         values, self._in_flight = self._in_flight, []
         done = [self._update(r) for r in self._fetch(values)]

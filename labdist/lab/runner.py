@@ -10,6 +10,9 @@ run (state "diverged", divergence.py) until a reset. Switching moves the state e
 - into mirrored ON_WRITE with aggregation other than NONE: the copies are made equal
   (`resync`: their average, or replica 0's copy), so the spread is 0 from the switch on;
 - into mirrored ON_READ / NONE / ON_WRITE+NONE: each replica keeps its own copy;
+- before any of these moves, what the communication modes left open is settled
+  (`engine.leave`: a DiLoCo round closed with its outer step, error-feedback residuals sent),
+  so the copies that move hold every update once;
 - mirrored -> parameter server: the PS starts from the mirrored value (the copies' average or
   replica 0's when they differ); parameter server -> mirrored: every replica loads its value.
 """
@@ -329,6 +332,7 @@ class Runner:
         moved = (new.strategy_key != old.strategy_key or (new.synchronization, new.aggregation)
                  != (old.synchronization, old.aggregation))
         if moved:
+            self.engine.leave(old)  # a DiLoCo round closed, residuals sent: nothing left behind
             before = self.engine.copies()
             engine = self.pool.engine(new.strategy_key, self.model, self.spec)
             after = self._copies_for(new, before)

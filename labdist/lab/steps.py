@@ -14,6 +14,8 @@ import numpy as np
 from labdist.context import get_replica_context
 from labdist.devices import to_host
 
+GRADIENTS = "the lab's gradients"  # the communicating step's all-reduce (its residuals' key)
+
 
 def _summary(ctx, model, variables, x, y, lr, rank, skew) -> tuple[float, int, dict]:
     """Read, compute this shard's loss and gradients, update through the variables."""
@@ -120,7 +122,7 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
         def update(j, lo, hi, summed):
             params[j][lo:hi] -= scale * summed
 
-        if ctx.reduce_apply("the lab's gradients", grads, params, update,
+        if ctx.reduce_apply(GRADIENTS, grads, params, update,
                             gradients=len(grads)):
             ctx.gather_segments("the lab's updated weights", params)
         comm.synced_steps += 1
@@ -131,6 +133,35 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
     flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
                            for v in variables.values()])
     return float(to_host(loss)), len(x), flat, info
+
+
+def closing_step(variables: dict[str, Any], outer, lr: float, mean: bool) -> np.ndarray:
+    """(a step of its own, at a switch that moves the copies elsewhere, once the modes are
+    off) Settle what the communication modes left open on `variables`, so the switch moves
+    the state with every update in it exactly once: a DiLoCo round in progress is closed with
+    its outer step (and the replicas' inner states made one), and error-feedback residuals
+    still owed are sent in full and applied. Returns this replica's copy, flat."""
+    from labdist.training import diloco
+
+    ctx = get_replica_context()
+    ws = list(variables.values())
+    params = [ctx.local_copy(w).reshape(-1) for w in ws]
+    if outer is not None:
+        state = diloco.RoundState(ctx, outer, [w.shape for w in ws])
+        if state.pending():
+            diloco.leave_local(ctx, params, [{} for _ in params], state)
+            state.save()
+    if ctx.communication.owes(GRADIENTS):  # the same on every replica: they summed alike
+        scale = lr / ctx.num_replicas_in_sync if mean else lr
+        zeros = [ctx.xp.zeros_like(p) for p in params]
+
+        def update(j, lo, hi, summed):
+            params[j][lo:hi] -= scale * summed
+
+        if ctx.reduce_apply(GRADIENTS, zeros, params, update, gradients=len(zeros)):
+            ctx.gather_segments("the lab's updated weights", params)
+    return np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
+                           for v in ws])
 
 
 def reset_round(outer) -> None:

@@ -23,7 +23,8 @@ class PushCompressionModes:
     def compression(self) -> compressors.Compressor | None:
         """The compressor of every worker's pushes (None: plain). Settable: 'none', 'fp16',
         'bf16', or `ld.compression.TopK(ratio)` / `PowerSGD(rank)`; each worker's residuals
-        carry over a change (they go out with its next push)."""
+        carry over a change (they go out with its next push). A lost worker is left out:
+        training goes on without it."""
         return self._push_compressor
 
     @compression.setter
@@ -31,12 +32,12 @@ class PushCompressionModes:
         compressor = compressors.parse(value)
         self._check_open()
         group = self._ps_group
-        group.call_workers(list(range(group.num_workers)), "set_compression", compressor)
+        group.call_live_workers("set_compression", compressor)
         self._push_compressor = compressor
 
     def push_stats(self) -> list[dict[str, Any]]:
         """Per worker: `raw_bytes` (its pushed updates' array bytes uncompressed),
-        `sent_bytes` (what they took on the wire, compressed) and `residual_norm`."""
+        `sent_bytes` (what they took on the wire, compressed) and `residual_norm` (None for
+        a lost worker: its counters went with it)."""
         self._check_open()
-        group = self._ps_group
-        return group.call_workers(list(range(group.num_workers)), "push_stats")
+        return self._ps_group.call_live_workers("push_stats")

@@ -39,6 +39,10 @@ class Communication:
         if local_sgd is not None:
             self.closing = local_sgd
 
+    def owes(self, what: str) -> bool:
+        """Whether error-feedback residuals of collective `what` wait to go out."""
+        return any(key[0] == what for key in self.comm.compression.residuals)
+
     def stats(self) -> dict[str, Any]:
         state = self.comm.compression
         return {"bytes_sent": int(self.comm.sent_bytes),

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from labdist.collectives import compression
 from labdist.collectives.compressed import CompressionState, compressed_sum
 from labdist.collectives.compression import (
     BF16,
@@ -129,6 +130,47 @@ def test_topk_sends_exactly_k_values_and_their_indices():
     for i in range(2):
         got = results[0][0][0][i].reshape(-1)
         np.testing.assert_array_equal(got, expected[i])
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy tail", "ties at the threshold",
+                                  "a misleading sample"])
+def test_topk_of_a_big_gradient_keeps_exactly_the_k_largest(kind):
+    """Gradients of hundreds of thousands of values take top-k's sampled-threshold path;
+    whatever the values' spread (or ties where the sample's threshold falls, and the full
+    partition's fallback), what is sent is k values, each as large as anything left out."""
+    rng = np.random.default_rng(5)
+    n, ratio = 784 * 512, 0.01
+    g = rng.standard_normal(n).astype(np.float32)
+    if kind == "heavy tail":
+        g = (g ** 5).astype(np.float32)
+    elif kind == "ties at the threshold":
+        g = np.where(rng.random(n) < 0.05, 1.0, 0.0).astype(np.float32) * rng.choice([-1, 1], n)
+    elif kind == "a misleading sample":  # only the sampled places are large: fewer than k
+        ratio = 0.02  # values clear the sample's threshold, so the full partition runs
+        g[np.random.default_rng(n).integers(0, n, compression.SAMPLE)] = 10.0
+    compressor = TopK(ratio, error_feedback=False)
+    (idx, values), _ = compressor.encode(np, g, 0)
+    k = math.ceil(ratio * n)
+    assert idx.dtype == np.int32 and len(idx) == len(np.unique(idx)) == k
+    np.testing.assert_array_equal(values, g[idx])
+    left = np.ones(n, bool)
+    left[idx] = False
+    assert np.abs(values).min() >= np.abs(g[left]).max()
+    expected = np.sort(np.abs(g))[n - k:]  # numpy, written here: the k largest magnitudes
+    np.testing.assert_array_equal(np.sort(np.abs(values)), expected)
+
+
+def test_topk_of_a_big_gradient_on_the_strict_device_double():
+    """The sampled path keeps to device arrays (the strict double refuses host conversions
+    as cupy does) and picks the same k values as on the host."""
+    from labdist.devices.strict.backend import STRICT
+
+    g = np.random.default_rng(6).standard_normal(784 * 512).astype(np.float32)
+    compressor = TopK(0.01, error_feedback=False)
+    (idx, values), _ = compressor.encode(STRICT.xp, STRICT.to_device(g), 0)
+    (host_idx, _), _ = compressor.encode(np, g, 0)
+    assert set(STRICT.to_host(idx).tolist()) == set(host_idx.tolist())
+    np.testing.assert_array_equal(STRICT.to_host(values), g[STRICT.to_host(idx)])
 
 
 def test_topk_ratio_one_is_the_plain_sum():

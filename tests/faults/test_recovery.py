@@ -54,3 +54,25 @@ def test_fit_resumes_after_a_killed_worker(tmp_path):
         for v in (v for w in model._weights for v in w.values()):  # copies agree again
             copies = strategy.experimental_local_results(v)
             assert all(np.array_equal(copies[0], c) for c in copies[1:])
+
+
+def test_recovered_replicas_get_the_modes_in_force_not_the_constructors():
+    """The compressor and local SGD settings switched since the strategy was made are what
+    the re-formed replicas use after `recover()`."""
+    with ld.MirroredStrategy(num_replicas=2, collective_timeout=20,
+                             compression="fp16") as strategy:
+        strategy.compression = ld.compression.TopK(0.05)
+        strategy.set_local_sgd(4)
+        pids = strategy.experimental_local_results(strategy.run(os.getpid))
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not strategy.recover():
+            assert time.monotonic() < deadline, "the lost replica was never noticed"
+            time.sleep(0.2)
+
+        def modes():
+            ctx = ld.get_replica_context()
+            return ctx.compression, ctx.local_sgd.local_steps
+
+        got = strategy.experimental_local_results(strategy.run(modes))
+        assert got and all(m == (ld.compression.TopK(0.05), 4) for m in got)

@@ -166,3 +166,48 @@ def test_compression_shows_residuals_and_fewer_bytes(strategy):
         assert all(r > 0 for r in topk["residual_norm"])
         assert all(0 < b < p for b, p in zip(topk["bytes"], plain, strict=True))
         assert topk["residual_norm"][0] != topk["residual_norm"][1]  # each replica its own
+
+
+@pytest.mark.parametrize("move, then", [
+    ({"aggregation": "SUM"}, 2.0),  # ON_WRITE SUM: both replicas' -1 summed, lr 1
+    ({"synchronization": "ON_READ"}, 1.0),  # each replica's own step
+])
+def test_leaving_diloco_mid_round_for_another_mode_applies_the_outer_step_once(
+        strategy, move, then):
+    """A switch that moves the copies to other variables (another synchronization or
+    aggregation) while a DiLoCo round is open closes that round with its outer step first:
+    with outer SGD(0.5), two inner steps of +1 count as +1, not +2 (the drifted copies taken
+    as they are) nor twice. The counter then goes on from there, and coming back to DiLoCo
+    starts a fresh round."""
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0, local_steps=3,
+                outer_lr=0.5, outer_momentum=0.0) as lab:
+        lab.step(2)  # a round open: two inner steps, +1 each on every replica
+        lab.wait()
+        assert lab.history.communication[-1]["since"] == 2
+        lab.set(local_steps=0, **move)
+        lab.step(1)
+        lab.wait()
+        expected = 0.5 * 2 + then
+        for v in lab.values():
+            np.testing.assert_array_equal(v["theta"], np.full(4, expected))
+        lab.set(local_steps=3, synchronization="ON_WRITE", aggregation="MEAN")
+        lab.step(3)  # one whole round: +0.5 x 3
+        lab.wait()
+        for v in lab.values():
+            np.testing.assert_array_equal(v["theta"], np.full(4, expected + 1.5))
+
+
+def test_leaving_compression_for_another_mode_sends_the_residuals_owed(strategy):
+    """top-k keeps one of four values a step; switching to ON_READ in the same call as turning
+    compression off first sends what error feedback still owes, so every update lands once."""
+    with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0,
+                compression="topk", topk_ratio=0.25) as lab:
+        lab.step(3)
+        lab.wait()
+        assert all(r > 0 for r in lab.history.communication[-1]["residual_norm"])
+        lab.set(compression="none", synchronization="ON_READ")
+        lab.step(2)
+        lab.wait()
+        for v in lab.values():
+            np.testing.assert_array_equal(v["theta"], np.full(4, 5.0))
+        assert all(s["residual_norm"] == 0.0 for s in strategy.communication_stats())

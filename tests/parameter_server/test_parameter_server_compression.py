@@ -4,6 +4,11 @@ shrink (counted) over Dask comms and over shared memory, and nothing a worker ow
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
+
 import numpy as np
 import pytest
 from clusters import local_client
@@ -145,3 +150,92 @@ def test_fit_on_parameter_servers_pushes_compressed_gradients(client):
     sent = sum(st["sent_bytes"] for st in stats)
     assert raw > 0 and sent < 0.25 * raw  # 10 % of the values, each with an int32 index
     assert history.history["accuracy"][-1] > history.history["accuracy"][0]
+
+
+def topk_residual(m: np.ndarray, ratio: float) -> np.ndarray:
+    """What top-k keeps back of `m` (numpy, written here): all but the k largest magnitudes."""
+    k = int(np.ceil(ratio * m.size))
+    kept = m.copy()
+    kept[np.argsort(np.abs(m))[m.size - k:]] = 0
+    return kept
+
+
+@pytest.mark.timeout(180)
+def test_a_push_that_does_not_land_leaves_its_residual_owed_as_it_was():
+    """Sync mode, two parameter servers, one push carrying an update for each. When one of
+    them is lost before the push reaches it, error feedback counts the half that landed (its
+    residual moves on) and gives the other half's residual back as it was before the push:
+    what a retry would start from; neither dropped nor counted twice."""
+    ratio = 0.1
+    rng = np.random.default_rng(11)
+    u1, v1, u2, v2 = (rng.standard_normal(SIZE).astype(np.float32) for _ in range(4))
+    with local_client(3) as client, ld.ParameterServerStrategy(
+            client, num_workers=1, num_ps=2, mode="sync", transport="tcp",
+            compression=ld.compression.TopK(ratio)) as s:
+        with s.scope():
+            a = ld.Variable(np.zeros(SIZE, np.float32), name="a")
+            b = ld.Variable(np.zeros(SIZE, np.float32), name="b")
+        assert [s.parameter_server_of(v) for v in (a, b)] == [0, 1]
+        doomed = s.parameter_servers[1]
+        pid = client.run(os.getpid, workers=[doomed])[doomed]
+        coordinator = ld.ClusterCoordinator(s)
+
+        def first():
+            a.assign_sub(u1, read_value=False)
+            b.assign_sub(v1, read_value=False)
+
+        def second():  # both writes go out in one push when the function returns
+            a.assign_sub(u2, read_value=False)
+            b.assign_sub(v2, read_value=False)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
+
+        coordinator.schedule(first)
+        coordinator.join()
+        r_a, r_b = topk_residual(u1, ratio), topk_residual(v1, ratio)
+        (st,) = s.push_stats()
+        assert st["residual_norm"] == pytest.approx(np.sqrt((r_a ** 2).sum()
+                                                            + (r_b ** 2).sum()), rel=1e-5)
+        coordinator.schedule(second)
+        with pytest.raises(ld.ParameterServerLostError, match=re.escape(doomed)):
+            coordinator.join()
+        r_a = topk_residual(u2 + r_a, ratio)  # a's half landed; b's residual is as it was
+        deadline = time.monotonic() + 60
+        while True:  # the driver knew of the loss first: the worker's push may be under way
+            (st,) = s.push_stats()
+            if st["residual_norm"] > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert st["residual_norm"] == pytest.approx(np.sqrt((r_a ** 2).sum()
+                                                            + (r_b ** 2).sum()), rel=1e-5)
+        assert st["raw_bytes"] == 3 * SIZE * 4  # the updates that landed, each once
+
+
+@pytest.mark.timeout(180)
+def test_the_compressor_switched_after_a_worker_was_lost_is_what_the_others_use():
+    """Parameter-server training goes on without a lost worker, so its compressor must still
+    switch: the workers left take the new one (their pushes shrink to top-k's size), and the
+    lost worker's counters read None."""
+    with local_client(3) as client, ld.ParameterServerStrategy(
+            client, num_workers=2, transport="tcp", compression="fp16") as s:
+        with s.scope():
+            v = ld.Variable(np.zeros(SIZE, np.float32), name="v")
+        doomed = s.workers[1]
+        os.kill(client.run(os.getpid, workers=[doomed])[doomed], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while doomed in client.scheduler_info()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        s.compression = ld.compression.TopK(0.01)
+        assert s.compression == ld.compression.TopK(0.01)
+        before = s.push_stats()
+        assert before[1] is None
+        push_all(s, v, updates(4))  # the coordinator finds worker 1 gone: all on worker 0
+        after = s.push_stats()[0]
+        assert after["raw_bytes"] - before[0]["raw_bytes"] == 4 * SIZE * 4
+        assert after["sent_bytes"] - before[0]["sent_bytes"] == 4 * SIZE * 0.01 * 8

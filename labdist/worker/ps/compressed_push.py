@@ -7,7 +7,7 @@ An `assign` (a whole value) always travels as it is."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,20 @@ def unpack(items: list[tuple]) -> list[tuple]:
             for v, kind, a, agg in items]
 
 
+@dataclass
+class Pending:
+    """What one push owes error feedback until it is known to have landed, per variable:
+    the residual it took, the residual it leaves, and its (raw, sent) bytes."""
+
+    taken: dict[int, np.ndarray] = field(default_factory=dict)
+    new: dict[int, np.ndarray] = field(default_factory=dict)
+    bytes: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def count(self, var_id: int, raw: int, sent: int) -> None:
+        had = self.bytes.get(var_id, (0, 0))
+        self.bytes[var_id] = (had[0] + raw, had[1] + sent)
+
+
 class PushCompression:
     """(worker side) The compressor of this worker's pushes, its error-feedback residuals
     and PowerSGD factors (per variable), and the bytes its updates took before and after."""
@@ -79,40 +93,75 @@ class PushCompression:
             return {"raw_bytes": self.raw_bytes, "sent_bytes": self.sent_bytes,
                     "residual_norm": norm}
 
-    def encode(self, items: list[tuple]) -> list[tuple]:
-        """A push's items as they travel."""
+    def encode(self, items: list[tuple]) -> tuple[list[tuple], Pending]:
+        """A push's items as they travel, and what the push owes error feedback once it is
+        known to have landed (`commit`) or not (`abort`). Until then the residuals it used
+        are held by the push, not by the worker: a concurrent push does not send them too."""
+        pending = Pending()
         with self._lock:
             if self.compressor is None and not self.residuals:
-                for _, _, a, _ in items:
-                    self.raw_bytes += array_bytes(a)
-                    self.sent_bytes += array_bytes(a)
-                return items
-            return [self._one(*item) for item in items]
+                for var_id, _, a, _ in items:
+                    pending.count(var_id, array_bytes(a), array_bytes(a))
+                return items, pending
+            try:
+                return [self._one(pending, *item) for item in items], pending
+            except BaseException:  # e.g. a dtype the compressor refuses: nothing taken
+                for v, r in pending.taken.items():
+                    self._add(v, r)
+                raise
 
-    def _one(self, var_id: int, kind: str, a: np.ndarray, agg: str) -> tuple:
-        self.raw_bytes += a.nbytes
+    def commit(self, pending: Pending, var_ids) -> None:
+        """The updates of `var_ids` landed: their new residuals and bytes count."""
+        with self._lock:
+            for v in var_ids:
+                raw, sent = pending.bytes.pop(v, (0, 0))
+                self.raw_bytes += raw
+                self.sent_bytes += sent
+                if v in pending.new:
+                    self._add(v, pending.new.pop(v))
+                pending.taken.pop(v, None)
+
+    def abort(self, pending: Pending, var_ids) -> None:
+        """The updates of `var_ids` did not land (a lost parameter server): the residuals
+        they took are owed again, as they were, so a retry neither loses nor repeats them."""
+        with self._lock:
+            for v in var_ids:
+                pending.bytes.pop(v, None)
+                pending.new.pop(v, None)
+                if v in pending.taken:
+                    self._add(v, pending.taken.pop(v))
+
+    def _add(self, var_id: int, residual: np.ndarray) -> None:
+        had = self.residuals.get(var_id)  # another push's, committed meanwhile
+        self.residuals[var_id] = residual if had is None else had + residual
+
+    def _one(self, pending: Pending, var_id: int, kind: str, a: np.ndarray, agg: str) -> tuple:
         comp = self.compressor
         if kind not in COMPRESSIBLE:
-            self.sent_bytes += a.nbytes
+            pending.count(var_id, a.nbytes, a.nbytes)
             return var_id, kind, a, agg
-        r = self.residuals.pop(var_id, None)
+        r = pending.new.pop(var_id, None)  # the same variable written twice in one push
+        if r is None:
+            r = self.residuals.pop(var_id, None)
+            if r is not None:
+                pending.taken[var_id] = r
         m = a + r if r is not None else a
         if comp is None:  # residuals still owed: sent in full, once
-            self.sent_bytes += m.nbytes
+            pending.count(var_id, a.nbytes, m.nbytes)
             return var_id, kind, m, agg
         comp.check_dtype(m.dtype, f"a parameter-server push ({kind})")
         if isinstance(comp, PowerSGD):
             if not comp.compresses(m.shape):  # vectors travel as they are
-                self.sent_bytes += m.nbytes
+                pending.count(var_id, a.nbytes, m.nbytes)
                 return var_id, kind, m, agg
             payload, residual = self._power(comp, var_id, m)
         else:
             payload, sent = comp.encode(np, m, var_id)
             residual = comp.residual(np, m, payload, sent)
         if comp.error_feedback:
-            self.residuals[var_id] = residual
+            pending.new[var_id] = residual
         packed = Packed(comp, payload, tuple(m.shape), m.dtype.str)
-        self.sent_bytes += array_bytes(payload)
+        pending.count(var_id, a.nbytes, array_bytes(payload))
         return var_id, kind, packed, agg
 
     def _power(self, comp: PowerSGD, var_id: int, m: np.ndarray) -> tuple[tuple, np.ndarray]:

@@ -228,23 +228,32 @@ class ParameterServerWorker:
         ParameterServerLostError naming a PS that cannot be reached, or that answered nothing
         for `ps_timeout` seconds (worker/ps/liveness.py). A PS on this host is reached over
         shared memory (shm_client.py)."""
+        results = self.call_each(calls)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    def call_each(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        """As `call_all`, but each call's result or the exception it raises is returned in
+        its place (a push needs to know which parameter servers it reached)."""
         results = self._shm.call_all(calls, self.ps_timeout)
+        out = []
         for (shard, _, _), r in zip(calls, results, strict=True):
             where = f"parameter server {shard} (worker {self.stores[shard][0]})"
             if isinstance(r, Unresponsive):
                 error = ParameterServerLostError(
                     f"{where} answered nothing to worker {self.index} for {r.seconds:g} s")
                 error.ps_index, error.silent_s = shard, r.seconds
-                raise error
-            if isinstance(r, remote.COMM_ERRORS):
+                r = error
+            elif isinstance(r, remote.COMM_ERRORS):
                 error = ParameterServerLostError(
                     f"{where} could not be reached from worker {self.index}: "
                     f"{type(r).__name__}: {r}")
                 error.ps_index = shard
-                raise error
-            if isinstance(r, BaseException):
-                raise r
-        return results
+                r = error
+            out.append(r)
+        return out
 
 
 class _ReplicaView:
@@ -338,7 +347,8 @@ class WorkerContext(ReplicaContext):
         if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
             time.sleep(self._executor.delay)
         by_shard = self._shards([item[0] for item in items])
-        items = self._executor.compression.encode(items)  # as they travel (compressed_push)
+        compression = self._executor.compression
+        items, owed = compression.encode(items)  # as they travel (compressed_push)
         weight = self._examples if examples is None else float(examples)
         key = key or self._key
         calls = []
@@ -352,7 +362,19 @@ class WorkerContext(ReplicaContext):
         with phases.RECORDER.span("push", {"worker": self.worker_index,
                                            "flow": phases.flow_id(self.worker_index, key)}):
             start = phases.now()
-            replies = self._executor.call_all(calls)
+            try:
+                replies = self._executor.call_each(calls)
+            except BaseException:
+                compression.abort(owed, [item[0] for item in items])
+                raise
+            # error feedback counts a push once it landed; a PS it did not reach gets its
+            # residuals back as they were (a retry starts from them)
+            for (shard, _, _), r in zip(calls, replies, strict=True):
+                landed = not isinstance(r, BaseException)
+                (compression.commit if landed else compression.abort)(owed, by_shard[shard])
+            for r in replies:
+                if isinstance(r, BaseException):
+                    raise r
             if network.CURRENT is not None:  # a modelled link: no faster than it
                 network.delay(sum(np.asarray(item[2]).nbytes for item in items),
                               phases.now() - start)
