@@ -90,6 +90,7 @@ def test_a_long_run_stays_bounded(mirrored2, tmp_path):
     keep = 40
     client = mirrored2.client
     before = client.run(phases.set_capacity, keep)
+    driver_before = phases.set_capacity(keep)  # the driver records too (its `driver` spans)
     try:
         path = tmp_path / "long.json"
         with ld.profile(path, mirrored2):
@@ -100,7 +101,42 @@ def test_a_long_run_stays_bounded(mirrored2, tmp_path):
         for e in spans:
             if e["name"] != "compute":  # derived from the steps kept
                 per_process[e["pid"]] += 1
-        assert len(per_process) >= 2 and max(per_process.values()) <= keep, per_process
+        assert len(per_process) == 3 and max(per_process.values()) <= keep, per_process
     finally:
+        phases.set_capacity(driver_before)
         for address, capacity in before.items():
             client.run(phases.set_capacity, capacity, workers=[address])
+
+
+@pytest.mark.timeout(120)
+def test_strategy_trace_shows_the_driver_beside_the_replicas(mirrored2, tmp_path):
+    mirrored2.run(straggling_step)
+    path = tmp_path / "strategy.json"
+    with mirrored2.trace(path) as written:
+        time.sleep(0.05)
+        for _ in range(5):
+            mirrored2.run(straggling_step)
+    assert written == str(path)
+    trace = json.loads(path.read_text())
+    spans = validate(trace)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["name"] == "process_name"}
+    (driver,) = [pid for pid, name in names.items() if name == "driver"]
+    mine = [e for e in spans if e["pid"] == driver]
+    assert mine and {e["name"] for e in mine} == {"driver"}
+    assert sorted(e["args"]["run"] for e in mine if "run" in e["args"]) == sorted(
+        {e["args"]["run"] for e in spans if e["name"] == "step"})  # one dispatch a run
+    assert len(names) == 3  # the driver and both replicas
+
+
+def test_strategy_trace_checks_its_path_first(tmp_path):
+    strategy = ld.OneDeviceStrategy(device="cpu")
+    ran = []
+    with pytest.raises(ValueError, match=r"profile\(path=.*cannot write"), \
+            strategy.trace(tmp_path / "missing" / "trace.json"):
+        ran.append(True)
+    assert ran == []
+    path = tmp_path / "one.json"
+    with strategy.trace(path):  # no cluster: the driver's own process only
+        strategy.run(lambda: 1.0)
+    validate(json.loads(path.read_text()))
