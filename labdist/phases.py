@@ -2,11 +2,13 @@
 
 Every replica, parameter-server worker and parameter server records into its process's
 `RECORDER`: a step's start and end, a collective's wait (arrived, peers not yet) and data
-movement, an optimizer apply, a PS pull or push and its lock wait, waiting for input. One
+movement, an optimizer apply, a PS pull or push and its lock wait, waiting for input; the
+driver records its own part of each step between the requests it sends (`DriverTurn`). One
 span is one `deque.append` of a tuple (wall-clock seconds, the clock every process shares up
-to a measured offset); nothing is formatted or sent until someone asks (`snapshot`). The
-buffer keeps the last `CAPACITY` spans, so a long run stays bounded. `compute` is what a
-step's time is when no other phase covers it, derived in `snapshot`, not recorded.
+to a measured offset) and a histogram bucket counted; nothing is formatted or sent until
+someone asks (`snapshot`, which finds the window asked for by bisection: the ring is in the
+order spans ended). The buffer keeps the last `CAPACITY` spans, so a long run stays bounded.
+`compute` is what a step's time is when no other phase covers it, derived, not recorded.
 """
 
 from __future__ import annotations
