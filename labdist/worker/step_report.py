@@ -96,8 +96,9 @@ def phase_bars(spans: list[tuple], busy: list[list], thread: int) -> list[list]:
 
 
 class StepReporter:
-    """Sends a replica's `StepLog` as events every `every` seconds from the worker's loop; stops
-    by itself once the log is gone (a replica dropped without `close`)."""
+    """Sends a replica's `StepLog`, with its steps' phase bars, as events from the worker's
+    loop: every `every` seconds while it steps, and once it has been idle `IDLE_S`; stops by
+    itself once the log is gone (a replica dropped without `close`)."""
 
     def __init__(self, worker: Any, log: StepLog, group: str, rank: int, thread: int,
                  every: float = REPORT_EVERY_S) -> None:
