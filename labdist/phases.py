@@ -2,11 +2,13 @@
 
 Every replica, parameter-server worker and parameter server records into its process's
 `RECORDER`: a step's start and end, a collective's wait (arrived, peers not yet) and data
-movement, an optimizer apply, a PS pull or push and its lock wait, waiting for input. One
+movement, an optimizer apply, a PS pull or push and its lock wait, waiting for input; the
+driver records its own part of each step between the requests it sends (`DriverTurn`). One
 span is one `deque.append` of a tuple (wall-clock seconds, the clock every process shares up
-to a measured offset); nothing is formatted or sent until someone asks (`snapshot`). The
-buffer keeps the last `CAPACITY` spans, so a long run stays bounded. `compute` is what a
-step's time is when no other phase covers it, derived in `snapshot`, not recorded.
+to a measured offset) and a histogram bucket counted; nothing is formatted or sent until
+someone asks (`snapshot`, which finds the window asked for by bisection: the ring is in the
+order spans ended). The buffer keeps the last `CAPACITY` spans, so a long run stays bounded.
+`compute` is what a step's time is when no other phase covers it, derived, not recorded.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ from typing import Any
 
 PHASES = ("compute", "wait", "comm", "apply", "pull", "push", "lock", "input", "driver")
 STEP = "step"  # the span a step's phases lie in (its remainder is `compute`)
+DRIVER = "driver"  # the driver's own part of its steps (`DriverTurn`)
 CAPACITY = 1 << 16  # spans kept per process: the last ones, for a long run
 
 # upper bounds (seconds) of the phase histograms' buckets, the last one open
 BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
            10.0, math.inf)
 
+ORDER_SLACK_S = 1.0  # spans are appended within this of their end: the ring is that sorted
 now = time.time
+
+
+def _end(span: tuple) -> float:
+    return span[2]
 
 
 class Recorder:
@@ -54,17 +62,16 @@ class Recorder:
         with self._lock:
             if name == STEP:
                 self.steps += 1
-                self._count("compute", max(seconds - self._covered.pop(tid, 0.0), 0.0))
+                name, seconds = "compute", max(seconds - self._covered.pop(tid, 0.0), 0.0)
             else:
                 self._covered[tid] = self._covered.get(tid, 0.0) + seconds
-                self._count(name, seconds)
+            hist = self.histograms.get(name) or self._histogram(name)
+            hist[bisect.bisect_left(BUCKETS, seconds)] += 1
+            hist[-1] += seconds
 
-    def _count(self, name: str, seconds: float) -> None:
-        hist = self.histograms.get(name)
-        if hist is None:
-            hist = self.histograms[name] = [0] * len(BUCKETS) + [0.0]
-        hist[bisect.bisect_left(BUCKETS, seconds)] += 1
-        hist[-1] += seconds
+    def _histogram(self, name: str) -> list:
+        hist = self.histograms[name] = [0] * len(BUCKETS) + [0.0]
+        return hist
 
     def histogram_copies(self) -> dict[str, list]:
         """phase -> [count per BUCKETS bucket..., sum of seconds], a consistent copy."""
@@ -77,36 +84,66 @@ class Recorder:
     def step(self, start: float, end: float, args: dict | None = None) -> None:
         self._record(STEP, start, end, threading.get_ident(), args)
 
-    @contextmanager
-    def span(self, name: str, args: dict | None = None):
-        start = now()
-        try:
-            yield
-        finally:
-            self._record(name, start, now(), threading.get_ident(), args)
+    def span(self, name: str, args: dict | None = None) -> _Span:
+        """`with RECORDER.span("input"):` records the body as one span of `name`."""
+        return _Span(self, name, args)
 
     def collective(self, start: float, arrived: float | None, end: float, args: dict) -> None:
         """One collective's exchange: `wait` from our arrival until the last peer's message
         arrived (`arrived`; None: the transport cannot tell, all of it is `comm`), then
-        `comm` until the data is ours."""
+        `comm` until the data is ours. Both under one lock: this runs for every message."""
+        if not self.enabled:
+            return
         tid = threading.get_ident()
         split = start if arrived is None else min(max(arrived, start), end)
-        if split > start:
-            self._record("wait", start, split, tid, args)
-        self._record("comm", split, end, tid, args)
-        if self.enabled:
+        spans, histograms = self.spans, self.histograms
+        with self._lock:
+            if split > start:
+                spans.append(("wait", start, split, tid, args))
+                hist = histograms.get("wait") or self._histogram("wait")
+                hist[bisect.bisect_left(BUCKETS, split - start)] += 1
+                hist[-1] += split - start
+            spans.append(("comm", split, end, tid, args))
+            hist = histograms.get("comm") or self._histogram("comm")
+            hist[bisect.bisect_left(BUCKETS, end - split)] += 1
+            hist[-1] += end - split
+            self._covered[tid] = self._covered.get(tid, 0.0) + (end - start)
             self.collective_bytes += args.get("bytes", 0)
 
     def clear(self) -> None:
         self.spans.clear()
 
+    def ended_since(self, since: float) -> list[tuple]:
+        """The spans that ended at or after `since`: only those are looked at one by one."""
+        spans = list(self.spans)  # one copy at C speed: step threads may append meanwhile
+        if since <= 0:
+            return spans
+        # the ring is in the order spans ended (each is appended as it ends): bisect
+        cut = bisect.bisect_left(spans, since - ORDER_SLACK_S, key=_end)
+        return [s for s in spans[cut:] if s[2] >= since]
+
     def snapshot(self, since: float = 0.0) -> dict[str, Any]:
         """The spans that ended after `since`, with `compute` filled in, plus what identifies
         this process and its threads (for one track per process and thread)."""
-        spans = [s for s in list(self.spans) if s[2] >= since]
+        spans = self.ended_since(since)
         return {"pid": os.getpid(), "now": now(), "steps": self.steps,
                 "threads": {t.ident: t.name for t in threading.enumerate()},
                 "spans": spans + compute_spans(spans)}
+
+
+class _Span:
+    """A context manager for one span, lighter than a generator-based one (it runs per step)."""
+
+    __slots__ = ("args", "name", "recorder", "start")
+
+    def __init__(self, recorder: Recorder, name: str, args: dict | None) -> None:
+        self.recorder, self.name, self.args = recorder, name, args
+
+    def __enter__(self) -> None:
+        self.start = now()
+
+    def __exit__(self, *exc: object) -> None:
+        self.recorder._record(self.name, self.start, now(), threading.get_ident(), self.args)
 
 
 def compute_spans(spans: list[tuple]) -> list[tuple]:
@@ -134,6 +171,69 @@ def compute_spans(spans: list[tuple]) -> list[tuple]:
 
 
 RECORDER = Recorder()
+
+
+class DriverTurn:
+    """The driver's own part of the steps it sends, on one thread: open from a run's start (or
+    the moment a previous exchange's answers arrived) until its next request is sent to the
+    replicas; the time in between, waiting for the replicas, is theirs. One `driver` span per
+    stretch, args `run` (the run whose request ended it) and `after` (the run whose answers
+    began it). A few clock reads per exchange: no cost per replica or per step."""
+
+    __slots__ = ("after", "start")
+
+    def __init__(self) -> None:
+        self.start: float | None = now()
+        self.after: int | None = None
+
+    def sent(self, run: int) -> None:
+        if self.start is not None:
+            args = {"run": run} if self.after is None else {"run": run, "after": self.after}
+            RECORDER.add(DRIVER, self.start, now(), args)
+        self.start = None
+
+    def arrived(self, run: int) -> None:
+        self.start, self.after = now(), run
+
+    def close(self) -> None:
+        """The end of the stretch since the last answers (nothing if no request was sent)."""
+        if self.start is not None and self.after is not None:
+            RECORDER.add(DRIVER, self.start, now(), {"after": self.after})
+        self.start = None
+
+
+_turns = threading.local()  # the calling thread's DriverTurn, while one is open
+
+
+@contextmanager
+def driving():
+    """The body is the driver's loop (a `fit`, one `run`): its exchanges with the replicas
+    record `driver` spans between them. Nested, the outermost turn goes on: a `run` inside
+    `fit` leaves its last stretch open through fit's bookkeeping until fit's next request."""
+    turn = getattr(_turns, "turn", None)
+    if turn is not None:
+        yield turn
+        return
+    turn = _turns.turn = DriverTurn()
+    try:
+        yield turn
+    finally:
+        _turns.turn = None
+        turn.close()
+
+
+def driver_sent(run: int) -> None:
+    """A request of run `run` left for the replicas (called by the driver's step channel)."""
+    turn = getattr(_turns, "turn", None)
+    if turn is not None:
+        turn.sent(run)
+
+
+def driver_arrived(run: int) -> None:
+    """The answers to run `run`'s request are all in (called by the driver's step channel)."""
+    turn = getattr(_turns, "turn", None)
+    if turn is not None:
+        turn.arrived(run)
 
 
 def snapshot(since: float = 0.0) -> dict[str, Any]:

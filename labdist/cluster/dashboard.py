@@ -3,7 +3,10 @@ that opens where the browser can reach it (through jupyter-server-proxy on Binde
 
 Replicas log their steps as events (`worker/step_report.py`); `ReplicaStepStream`, a scheduler
 plugin, adds each busy span to the task stream the dashboard draws (one row per replica
-thread, named `labdist-replica-step`), and `client.get_events(TOPIC)` returns them as logged.
+thread, named `labdist-replica-step`) and, on a second row per replica, the span's phases as
+bars named `labdist-compute`, `labdist-wait`, `labdist-comm`, ...; `client.get_events(TOPIC)`
+returns them as logged. The task stream is what the dashboard's Task Stream plots and what
+`distributed.performance_report` draws and sums, so both show labdist's phases.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from labdist.worker.step_report import TOPIC
 
 logger = logging.getLogger(__name__)
 TASK_PREFIX = "labdist-replica-step"
+PHASE_PREFIX = "labdist-"  # + the phase: a task-stream name per phase (labdist-wait, ...)
 PROXY_PREFIX_ENV = "JUPYTERHUB_SERVICE_PREFIX"  # set by JupyterHub, and so on Binder
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]"}
 
@@ -34,6 +38,7 @@ class ReplicaStepStream(SchedulerPlugin):
 
     def __init__(self) -> None:
         self.scheduler: Any = None
+        self._bars = 0  # reports turned into phase bars: keeps their keys unique
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -55,6 +60,16 @@ class ReplicaStepStream(SchedulerPlugin):
                 "nbytes": 0, "type": "labdist step", "replica": msg["replica"],
                 "group": msg["group"], "steps": steps, "collectives": collectives})
             stream.index += 1
+        for n, (phase, start, stop) in enumerate(msg.get("phases", ())):
+            # a row of its own under the replica's steps, a bar per phase: labdist-wait, ...
+            stream.buffer.append({
+                "key": f"{PHASE_PREFIX}{phase}-{msg['replica']}-{self._bars}-{n}",
+                "worker": msg["worker"], "thread": f"{msg['thread']}-phases", "status": "OK",
+                "startstops": [{"action": "compute", "start": start, "stop": stop}],
+                "nbytes": 0, "type": "labdist phase", "replica": msg["replica"],
+                "group": msg["group"], "phase": phase})
+            stream.index += 1
+        self._bars += 1
 
 
 def show_replica_steps(client: Any) -> bool:

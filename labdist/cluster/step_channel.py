@@ -13,6 +13,7 @@ import pickle
 import time
 from typing import Any, Protocol
 
+from labdist import phases
 from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError
 from labdist.worker.replica import StepEvent
 
@@ -91,6 +92,7 @@ class StepChannel:
                              if r not in self._owed]
         asked = time.monotonic()
         pending = self._send(method, args_per_rank, sent, events)
+        phases.driver_sent(run_id)  # the driver's part of this step ends here (phases.py)
         self._merging.difference_update(sent)
         late: list[int] = []
         try:
@@ -117,6 +119,7 @@ class StepChannel:
                     self._tell(run_id, [r for r in ranks if r not in events],
                                {r: _state(events[r]) for r in news})
         finally:
+            phases.driver_arrived(run_id)
             for r in sent:
                 if r in late or r not in events:  # it owes an answer (late, or interrupted)
                     self._owed[r] = (asked, self._drop(pending, r))

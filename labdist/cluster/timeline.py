@@ -13,6 +13,9 @@ from typing import Any
 from labdist import phases
 
 ROUND_TRIPS = 5
+OFFSET_TTL_S = 10.0  # a measured offset is reused this long (clocks drift by µs in that time)
+_offsets: dict[str, tuple[float, float]] = {}  # worker address -> (measured at, offset)
+MARGIN_S = 0.1  # workers send spans ending this much before the window (offsets' error: ms)
 
 
 def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
@@ -28,14 +31,32 @@ def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
     return {address: offset for address, (_, offset) in best.items()}
 
 
+def _fresh_offsets() -> dict[str, float]:
+    at = time.monotonic()
+    return {a: off for a, (when, off) in _offsets.items() if at - when <= OFFSET_TTL_S}
+
+
+def _measure(client: Any, rounds: int) -> dict[str, float]:
+    at = time.monotonic()
+    _offsets.update({a: (at, off) for a, off in clock_offsets(client, rounds).items()})
+    return _fresh_offsets()
+
+
 def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS
             ) -> list[dict[str, Any]]:
     """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
-    process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`."""
+    process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`.
+    Each process sends only its spans of the window (phases.Recorder.snapshot); offsets are
+    measured again only where a worker has none from the last `OFFSET_TTL_S` seconds (a
+    timeline refreshed every second, a trace per notebook cell)."""
     found = []
     if client is not None:
-        offsets = clock_offsets(client, rounds)
-        snaps = client.run(phases.snapshot, since + min(offsets.values(), default=0.0) - 1.0)
+        offsets = _fresh_offsets() or _measure(client, rounds)
+        snaps = client.run(phases.snapshot, since + min(offsets.values(), default=0.0) - MARGIN_S)
+        if any(address not in offsets for address in snaps):  # a worker new to us
+            offsets = _measure(client, rounds)
+            snaps = client.run(phases.snapshot,
+                               since + min(offsets.values(), default=0.0) - MARGIN_S)
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)
             spans = [(n, s - off, e - off, t, a) for n, s, e, t, a in snap["spans"]

@@ -20,52 +20,74 @@ from labdist import phases
 from labdist.cluster import timeline
 
 US = 1e6
+_NO_ARGS: dict = {}
 
 
 def chrome_trace(processes: list[dict[str, Any]], origin: float) -> dict[str, Any]:
-    """The trace of `processes` (timeline.collect's), times in µs after `origin`."""
-    meta: list[dict] = []
-    spans: list[dict] = []
-    pushes: dict[int, dict] = {}
-    applies: dict[int, list[dict]] = {}
+    """The trace of `processes` (timeline.collect's), times in µs after `origin`, as a dict
+    (what `encode` writes, read back)."""
+    return json.loads(encode(processes, origin))
+
+
+def encode(processes: list[dict[str, Any]], origin: float) -> str:
+    """The trace of `processes` as Chrome Trace Event Format JSON text: one track per process
+    and thread, a complete ("X") event per span, flow arrows from a push to its apply. Each
+    span is formatted straight from its tuple into one line of text (no dict per event), its
+    args encoded once per distinct dict (a step's compute spans and a collective's wait and
+    comm share theirs); times in µs to the nanosecond."""
+    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    meta: list[str] = []
+    events: list[tuple] = []  # (pid, tid, ts, -dur, text): each track in time order
+    encoded: dict[int, str] = {}
+    pushes: dict[int, tuple] = {}
+    applies: dict[int, list[tuple]] = {}
     for index, proc in enumerate(processes):
         pid = int(proc["pid"])
         ranks = sorted({s[4]["rank"] for s in proc["spans"]
                         if s[0] == phases.STEP and s[4] and "rank" in s[4]})
         label = proc["name"] + "".join(f" (replica {r})" for r in ranks)
-        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                     "args": {"name": label}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                     "args": {"sort_index": index}})
+        meta.append(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,'
+                    f'"args":{{"name":{dumps(label)}}}}}')
+        meta.append(f'{{"ph":"M","name":"process_sort_index","pid":{pid},"tid":0,'
+                    f'"args":{{"sort_index":{index}}}}}')
         for tid in sorted({s[3] for s in proc["spans"]}):
-            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                         "args": {"name": proc["threads"].get(tid, f"thread {tid}")}})
+            name = proc["threads"].get(tid, f"thread {tid}")
+            meta.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},'
+                        f'"args":{{"name":{dumps(name)}}}}}')
         for name, start, end, tid, args in proc["spans"]:
-            event = {"name": name, "cat": "labdist", "ph": "X", "pid": pid, "tid": tid,
-                     "ts": (start - origin) * US, "dur": max(end - start, 0.0) * US,
-                     "args": dict(args or {})}
-            spans.append(event)
-            flow = event["args"].get("flow")
-            if flow is not None and name == "push":
-                pushes[flow] = event
-            elif flow is not None and name == "apply":
-                applies.setdefault(flow, []).append(event)
-    flows = []
+            ts = round((start - origin) * US, 3)  # both ends rounded alike: spans that
+            dur = round(max(round((end - origin) * US, 3) - ts, 0.0), 3)  # touch still do
+            text = encoded.get(id(args))
+            if text is None:
+                text = encoded[id(args)] = dumps(args or _NO_ARGS)
+            events.append((pid, tid, ts, -dur,
+                           f'{{"name":"{name}","cat":"labdist","ph":"X","pid":{pid},'
+                           f'"tid":{tid},"ts":{ts!r},"dur":{dur!r},"args":{text}}}'))
+            if (name == "push" or name == "apply") and args and args.get("flow") is not None:
+                if name == "push":
+                    pushes[args["flow"]] = (pid, tid, ts)
+                else:
+                    applies.setdefault(args["flow"], []).append((pid, tid, ts))
     for flow, targets in applies.items():
         push = pushes.get(flow)
         if push is None:
             continue
-        for n, apply in enumerate(targets):
+        for n, (pid, tid, ts) in enumerate(targets):
             ident = f"{flow}.{n}"
-            flows.append({"ph": "s", "name": "push → apply", "cat": "flow", "id": ident,
-                          "pid": push["pid"], "tid": push["tid"], "ts": push["ts"]})
-            flows.append({"ph": "f", "bp": "e", "name": "push → apply", "cat": "flow",
-                          "id": ident, "pid": apply["pid"], "tid": apply["tid"],
-                          "ts": apply["ts"]})
-    # per track in time order; an enclosing span before the spans it holds
-    events = sorted(spans + flows, key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0)))
-    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "labdist", "origin_unix_s": origin}}
+            events.append((*push, 0.0,
+                           f'{{"ph":"s","name":"push → apply","cat":"flow","id":"{ident}",'
+                           f'"pid":{push[0]},"tid":{push[1]},"ts":{push[2]!r}}}'))
+            events.append((pid, tid, ts, 0.0,
+                           f'{{"ph":"f","bp":"e","name":"push → apply","cat":"flow",'
+                           f'"id":"{ident}","pid":{pid},"tid":{tid},"ts":{ts!r}}}'))
+    events.sort(key=_order)  # an enclosing span before the spans it holds
+    other = dumps({"producer": "labdist", "origin_unix_s": origin})
+    return (f'{{"traceEvents":[{",".join(meta + [e[4] for e in events])}],'
+            f'"displayTimeUnit":"ms","otherData":{other}}}')
+
+
+def _order(event: tuple) -> tuple:
+    return event[:4]
 
 
 def _client_of(where: Any) -> Any:
@@ -76,7 +98,9 @@ def _client_of(where: Any) -> Any:
             return default_client()
         except ValueError:  # no client: the driver's own spans only
             return None
-    return getattr(where, "client", where)  # a strategy, or a distributed.Client
+    client = getattr(where, "client", where)  # a strategy, or a distributed.Client
+    # a strategy without a cluster (OneDeviceStrategy): the driver's own spans only
+    return client if hasattr(client, "scheduler_info") else None
 
 
 @contextmanager
@@ -96,6 +120,6 @@ def profile(path: str | os.PathLike, client: Any = None) -> Iterator[str]:
     try:
         yield path
     finally:
-        processes = timeline.collect(client, start)
-        with open(path, "w") as f:
-            json.dump(chrome_trace(processes, start), f)
+        text = encode(timeline.collect(client, start), start)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)  # one write of the whole text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import uuid
 import warnings
@@ -18,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context, nest, shipping
+from labdist import context, nest, phases, shipping
+from labdist.cluster.trace import profile
 from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     CollectiveMismatchError,
@@ -145,18 +147,19 @@ class Strategy:
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps={steps!r} must be a positive integer (the number of "
                              "steps this call runs)")
-        with self._lock:
-            if self._running:
-                raise RuntimeError("strategy.run cannot be called inside merge_call: the "
-                                   "replicas are waiting in this run's merge_call")
-            self._running = True
-            try:
-                events = self._run(fn, args, kwargs, int(steps))
-            finally:
-                self._running = False
-        self._emit_warnings(events)
-        return self._regroup([e.value for e in events], "the step function's results",
-                             results=True)
+        with phases.driving():  # the driver's part of the step: `driver` spans (phases.py)
+            with self._lock:
+                if self._running:
+                    raise RuntimeError("strategy.run cannot be called inside merge_call: the "
+                                       "replicas are waiting in this run's merge_call")
+                self._running = True
+                try:
+                    events = self._run(fn, args, kwargs, int(steps))
+                finally:
+                    self._running = False
+            self._emit_warnings(events)
+            return self._regroup([e.value for e in events], "the step function's results",
+                                 results=True)
 
     def _run(self, fn: Callable, args: tuple, kwargs: dict | None, steps: int = 1) -> list:
         """Start the step and answer its merge_calls until every replica is done."""
@@ -379,6 +382,14 @@ class Strategy:
             return reduce_value(op, x, axis, n)
 
         return nest.map_structure(one, value)
+
+    # -- time -----------------------------------------------------------------------------
+    def trace(self, path: str | os.PathLike) -> contextlib.AbstractContextManager[str]:
+        """`with strategy.trace("trace.json"):` records every process's phases while the body
+        runs and writes them as a Chrome trace: `ld.profile(path, strategy)`. The path is
+        checked on entry, so one that cannot be written fails before any training."""
+        self._check_open()
+        return profile(path, self)
 
     # -- training (the seam with labdist.training) ------------------------------------------
     def train_model_steps(self, step: Callable, groups: list[list[tuple]],

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import checks, context
+from labdist import checks, context, phases
 from labdist.input import Batches, shard_bounds
 from labdist.training import diloco, fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
@@ -148,7 +148,9 @@ class Sequential:
         stop_listening = self._strategy.add_membership_listener(  # quorum training's changes
             lambda change: [_call(cb, "on_membership_change", change) for cb in callbacks])
         try:
-            with placed_arrays(self._strategy, x, y) as data:  # sent once, not every step
+            # the driver's part of every step, fit's bookkeeping and callbacks included, is
+            # recorded as `driver` spans between the requests it sends (labdist/phases.py)
+            with phases.driving(), placed_arrays(self._strategy, x, y) as data:
                 batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
                 history = self._epochs(start, epochs, batches, y, batch_size, verbose,
                                        callbacks, validation_data, history)

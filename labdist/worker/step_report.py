@@ -1,21 +1,29 @@
-"""Report a replica's steps to the Dask scheduler, so its dashboard shows replicas working.
+"""Report a replica's steps and their phases to the Dask scheduler, so its dashboard (and
+`distributed.performance_report`) shows replicas working and where their time goes.
 
 Steps run inside actors (a thread per replica), so Dask sees no tasks and its task stream stays
-empty. Each step is one append to a `StepLog` on the hot path; once a second the worker's event
-loop merges what was logged into busy spans and sends them as one event (`Worker.log_event`,
-over the worker's batched stream: never a round trip per step). `cluster/dashboard.py` turns
-the events into rectangles of the scheduler's task stream.
+empty. Each step is one append to a `StepLog` on the hot path; once a second (or as soon as the
+replica has been idle for `IDLE_S`: the end of a `fit`) the worker's event loop merges what was
+logged into busy spans, adds each busy span's phases from the phase recorder (phases.py) as
+bars, and sends them as one event (`Worker.log_event`, over the worker's batched stream: never
+a round trip per step). `cluster/dashboard.py` turns the events into rectangles of the
+scheduler's task stream.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 from collections import deque
 from typing import Any
 
+from labdist import phases
+
 TOPIC = "labdist-steps"
 REPORT_EVERY_S = 1.0
+TICK_S = 0.25  # how often the loop looks whether a report is due
+IDLE_S = 0.2  # a replica idle this long reports at once (what it ran is over: show it)
 MERGE_GAP_S = 0.05  # steps closer than this are drawn as one busy span
 
 
@@ -28,6 +36,11 @@ class StepLog:
 
     def record(self, start: float, stop: float, collectives: int) -> None:
         self._pending.append((start, stop, collectives))
+
+    def last_stop(self) -> float | None:
+        """When the newest step not yet reported ended (None: none). The loop's thread only:
+        it alone removes entries."""
+        return self._pending[-1][1] if self._pending else None
 
     def take(self) -> list[tuple[float, float, int]]:
         taken = []
@@ -54,9 +67,38 @@ def busy_spans(steps: list[tuple[float, float, int]], first: int = 0,
     return spans
 
 
+def phase_bars(spans: list[tuple], busy: list[list], thread: int) -> list[list]:
+    """Each busy span's phases on `thread`, as bars [phase, start, stop] laid end to end from
+    the span's start in the order the phases first occur (`compute` first): each bar as long
+    as the seconds that phase took in the span. The order inside one step is the trace
+    file's to show; at the dashboard's scale this is where the time went."""
+    mine = sorted((s for s in spans if s[3] == thread), key=lambda s: s[1])
+    bars: list[list] = []
+    at = 0
+    for start, stop, *_ in busy:
+        while at < len(mine) and mine[at][1] < start:
+            at += 1
+        stepped, totals = 0.0, {"compute": 0.0}
+        while at < len(mine) and mine[at][1] <= stop:
+            name, s, e = mine[at][:3]
+            if name == phases.STEP:
+                stepped += e - s
+            else:
+                totals[name] = totals.get(name, 0.0) + (e - s)
+            at += 1
+        totals["compute"] = max(stepped - sum(totals.values()), 0.0)
+        t = start
+        for name, seconds in totals.items():
+            if seconds > 0:
+                bars.append([name, t, t + seconds])
+                t += seconds
+    return bars
+
+
 class StepReporter:
-    """Sends a replica's `StepLog` as events every `every` seconds from the worker's loop; stops
-    by itself once the log is gone (a replica dropped without `close`)."""
+    """Sends a replica's `StepLog`, with its steps' phase bars, as events from the worker's
+    loop: every `every` seconds while it steps, and once it has been idle `IDLE_S`; stops by
+    itself once the log is gone (a replica dropped without `close`)."""
 
     def __init__(self, worker: Any, log: StepLog, group: str, rank: int, thread: int,
                  every: float = REPORT_EVERY_S) -> None:
@@ -65,9 +107,21 @@ class StepReporter:
         self._worker, self._log = worker, weakref.ref(log)
         self._message = {"group": group, "replica": rank, "worker": worker.address,
                          "thread": thread}
+        self._thread, self._every = thread, every
         self._reported = 0  # steps reported so far: the number of the next one
-        self._callback = PeriodicCallback(self.flush, every * 1000)
+        self._sent_at = 0.0
+        self._callback = PeriodicCallback(self._tick, min(TICK_S, every) * 1000)
         worker.loop.add_callback(self._callback.start)
+
+    def _tick(self) -> None:
+        log = self._log()
+        if log is None:
+            self._callback.stop()
+            return
+        last = log.last_stop()
+        at = time.time()
+        if last is not None and (at - self._sent_at >= self._every or at - last >= IDLE_S):
+            self.flush()
 
     def flush(self) -> None:
         """Send what was logged since the last report (nothing when no step ran)."""
@@ -80,7 +134,9 @@ class StepReporter:
             return
         spans = busy_spans(steps, first=self._reported)
         self._reported += len(steps)
-        self._worker.log_event(TOPIC, {**self._message, "spans": spans})
+        self._sent_at = time.time()
+        bars = phase_bars(phases.RECORDER.ended_since(steps[0][0]), spans, self._thread)
+        self._worker.log_event(TOPIC, {**self._message, "spans": spans, "phases": bars})
 
     def close(self) -> None:
         """Stop reporting, after sending the last steps (call on the worker's loop)."""

@@ -90,6 +90,7 @@ def test_a_long_run_stays_bounded(mirrored2, tmp_path):
     keep = 40
     client = mirrored2.client
     before = client.run(phases.set_capacity, keep)
+    driver_before = phases.set_capacity(keep)  # the driver records too (its `driver` spans)
     try:
         path = tmp_path / "long.json"
         with ld.profile(path, mirrored2):
@@ -100,7 +101,76 @@ def test_a_long_run_stays_bounded(mirrored2, tmp_path):
         for e in spans:
             if e["name"] != "compute":  # derived from the steps kept
                 per_process[e["pid"]] += 1
-        assert len(per_process) >= 2 and max(per_process.values()) <= keep, per_process
+        assert len(per_process) == 3 and max(per_process.values()) <= keep, per_process
     finally:
+        phases.set_capacity(driver_before)
         for address, capacity in before.items():
             client.run(phases.set_capacity, capacity, workers=[address])
+
+
+@pytest.mark.timeout(120)
+def test_strategy_trace_shows_the_driver_beside_the_replicas(mirrored2, tmp_path):
+    mirrored2.run(straggling_step)
+    path = tmp_path / "strategy.json"
+    with mirrored2.trace(path) as written:
+        time.sleep(0.05)
+        for _ in range(5):
+            mirrored2.run(straggling_step)
+    assert written == str(path)
+    trace = json.loads(path.read_text())
+    spans = validate(trace)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["name"] == "process_name"}
+    (driver,) = [pid for pid, name in names.items() if name == "driver"]
+    mine = [e for e in spans if e["pid"] == driver]
+    assert mine and {e["name"] for e in mine} == {"driver"}
+    assert sorted(e["args"]["run"] for e in mine if "run" in e["args"]) == sorted(
+        {e["args"]["run"] for e in spans if e["name"] == "step"})  # one dispatch a run
+    assert len(names) == 3  # the driver and both replicas
+
+
+def test_strategy_trace_checks_its_path_first(tmp_path):
+    strategy = ld.OneDeviceStrategy(device="cpu")
+    ran = []
+    with pytest.raises(ValueError, match=r"profile\(path=.*cannot write"), \
+            strategy.trace(tmp_path / "missing" / "trace.json"):
+        ran.append(True)
+    assert ran == []
+    path = tmp_path / "one.json"
+    with strategy.trace(path):  # no cluster: the driver's own process only
+        strategy.run(lambda: 1.0)
+    validate(json.loads(path.read_text()))
+
+
+def test_the_encoded_trace_is_what_was_recorded():
+    from labdist.cluster.trace import encode
+
+    step_args = {"rank": 0, "run": 3}
+    push_args = {"worker": 1, "flow": 42}
+    processes = [
+        {"pid": 11, "name": "tcp://a:1", "threads": {5: 'step "thread" ü'},
+         "spans": [("step", 10.0, 10.004, 5, step_args),
+                   ("wait", 10.001, 10.002, 5, {"kind": "all_reduce", "bytes": 8}),
+                   ("compute", 10.0, 10.001, 5, step_args),
+                   ("push", 10.002, 10.003, 5, push_args)]},
+        {"pid": 12, "name": "driver", "threads": {},
+         "spans": [("apply", 10.0025, 10.0035, 9, {"worker": 1, "flow": 42, "staleness": 0}),
+                   ("driver", 9.999, 10.0, 9, None)]},
+    ]
+    trace = json.loads(encode(processes, origin=10.0))
+    spans = validate(trace)
+    assert [(e["name"], e["pid"], e["tid"]) for e in spans] == [
+        ("step", 11, 5), ("compute", 11, 5), ("wait", 11, 5), ("push", 11, 5),
+        ("driver", 12, 9), ("apply", 12, 9)]  # per track, in time order, enclosing first
+    step, compute, wait, push, driver, apply = spans
+    assert compute["dur"] == 1000.0 and compute["args"] is not None
+    assert step["ts"] == 0.0 and step["dur"] == 4000.0 and step["args"] == step_args
+    assert wait["ts"] == 1000.0 and wait["args"] == {"kind": "all_reduce", "bytes": 8}
+    assert driver["ts"] == -1000.0 and driver["args"] == {}
+    names = {(e["name"], e["pid"]): e["args"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert names[("thread_name", 11)] == {"name": 'step "thread" ü'}
+    assert names[("process_name", 11)] == {"name": "tcp://a:1 (replica 0)"}
+    (start,) = [e for e in trace["traceEvents"] if e["ph"] == "s"]
+    (end,) = [e for e in trace["traceEvents"] if e["ph"] == "f"]
+    assert (start["pid"], start["ts"], end["pid"], end["ts"]) == (11, push["ts"], 12, apply["ts"])
+    assert trace["otherData"] == {"producer": "labdist", "origin_unix_s": 10.0}

@@ -38,11 +38,13 @@ def test_a_straggler_shows_as_the_other_lane_waiting(mirrored2):
     processes = timeline.collect(mirrored2.client, since)
     chart.show(processes)
     window = chart.window
-    assert window["lanes"] == ["replica 0", "replica 1"]
-    waits = {lane: sum(b - a for ln, a, b, p in window["bars"] if ln == lane and p == "wait")
+    # the driver records its own part of each step (`driver` spans): a lane of its own
+    assert window["lanes"] == ["driver", "replica 0", "replica 1"]
+    assert {p for ln, *_, p in window["bars"] if ln == 0} == {"driver"}
+    waits = {lane: sum(b - a for ln, a, b, p in window["bars"] if ln == lane + 1 and p == "wait")
              for lane in (0, 1)}
     assert waits[0] > 5 * 25 and waits[1] < 5 * 10, waits  # ms over the last 5 steps
-    steps0 = sum(1 for ln, _, _, p in window["bars"] if ln == 0 and p == "wait")
+    steps0 = sum(1 for ln, _, _, p in window["bars"] if ln == 1 and p == "wait")
     assert steps0 == 5  # the last `steps` steps only, one wait each
     assert all(p in PHASE_COLORS for *_, p in window["bars"])
     assert all(b <= 0 for _, _, b, _ in window["bars"])  # ms before the latest span
@@ -88,4 +90,4 @@ def test_the_lab_panel_shows_who_waits(mirrored2):
             panel.close()
     assert chart.note.startswith("sync: replica 1 was last"), chart.note
     assert "delays" in chart.window["marks"][-1][1]
-    assert chart.window["lanes"] == ["replica 0", "replica 1"]
+    assert chart.window["lanes"] == ["driver", "replica 0", "replica 1"]

@@ -96,3 +96,27 @@ def test_async_ps_straggler_records_no_collective_wait():
     ends = {e["pid"] for e in arrows if e["ph"] == "f"}
     assert len(ends) == 1  # into the one parameter server's process ...
     assert not ends & {e["pid"] for e in arrows if e["ph"] == "s"}  # ... from the workers'
+
+
+def test_a_snapshot_holds_only_its_window_and_spans_count_once():
+    from labdist import phases
+
+    rec = phases.Recorder()
+    for i in range(1000):
+        rec.add("comm", float(i), i + 0.5)
+    window = rec.snapshot(since=990.0)["spans"]
+    assert [s[1] for s in window] == [float(i) for i in range(990, 1000)]
+    assert len(rec.snapshot()["spans"]) == 1000
+    with rec.span("input", {"rank": 3}):
+        time.sleep(0.01)
+    name, start, end, _tid, args = rec.spans[-1]
+    assert (name, args) == ("input", {"rank": 3}) and end - start >= 0.01
+    rec.collective(2000.0, 2000.25, 2001.0, {"kind": "all_reduce", "bytes": 64})
+    assert [s[0] for s in list(rec.spans)[-2:]] == ["wait", "comm"]
+    hist = rec.histogram_copies()
+    assert sum(hist["wait"][:-1]) == 1 and hist["wait"][-1] == 0.25
+    assert sum(hist["comm"][:-1]) == 1001 and rec.collective_bytes == 64
+    step = phases.Recorder()
+    step.collective(0.0, 0.25, 1.0, {"bytes": 8})
+    step.step(0.0, 3.0)  # its compute: what no phase of its thread covered
+    assert step.steps == 1 and step.histogram_copies()["compute"][-1] == 2.0

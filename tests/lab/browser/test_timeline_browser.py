@@ -1,6 +1,7 @@
 """The timeline chart in a real JupyterLab and a real browser (Debian chromium + Playwright) at
-1280x800: a mirrored run with a straggling replica 1 shows two lanes, the other lane waiting,
-a legend, the line in words, and a bar's phase and duration on hover."""
+1280x800: a mirrored run with a straggling replica 1 shows the driver's lane and the two
+replicas', the other replica waiting, a legend, the line in words, and a bar's phase and
+duration on hover."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ STATE = """() => {
   return {lanes: s.lanes, bars: s.bars.length, draws: s.draws,
           note: el.querySelector('.labdist-timeline-note').textContent,
           legend: el.querySelectorAll('span > span').length,
-          waits: s.bars.filter(b => b[0] === 0 && b[3] === 'wait').length};
+          waits: s.bars.filter(b => b[0] === 1 && b[3] === 'wait').length};
 }"""
 
 
@@ -49,7 +50,7 @@ def test_the_timeline_shows_who_waits(tmp_path):
             page.wait_for_function(
                 "() => document.querySelector('.labdist-timeline').labdist.bars.length > 0")
             got = page.evaluate(STATE)
-            assert got["lanes"] == ["replica 0", "replica 1"]
+            assert got["lanes"] == ["driver", "replica 0", "replica 1"]  # its `driver` spans
             assert got["waits"] == 10  # the last 10 steps, replica 0 waiting in each
             assert got["note"].startswith("sync: replica 1 was last to the collectives")
             assert got["legend"] >= 9  # one swatch per phase
