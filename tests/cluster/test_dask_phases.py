@@ -101,3 +101,39 @@ def test_phase_bars_lay_each_busy_span_out_by_phase():
     assert phase_bars(spans, busy, me) == [
         ["compute", 0.0, 3.0], ["wait", 3.0, 9.0], ["comm", 9.0, 10.0],
         ["compute", 20.0, 20.75], ["input", 20.75, 21.0]]
+
+
+@pytest.mark.timeout(180)
+def test_parameter_server_workers_phases_in_the_task_stream():
+    """PS workers report to the task stream too: under sync parameter servers with a
+    straggler, worker 0's barrier waits are `labdist-wait` bars on its own row, and every
+    worker's pulls and pushes are there."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        strategy = ld.ParameterServerStrategy(client, num_workers=2, mode="sync")
+        try:
+            coordinator = ld.ClusterCoordinator(strategy)
+            with strategy.scope():
+                v = ld.Variable(np.zeros(4))
+            strategy.set_worker_delay(1, STRAGGLE_S)
+            since = time.time()
+            each = RUNS // 2  # a sync step takes one function from each worker
+            for _ in range(RUNS):
+                coordinator.schedule(lambda: v.assign_add(np.ones(4)) and None)
+            coordinator.join()
+            deadline, seconds = time.monotonic() + 10, {}
+            while time.monotonic() < deadline:
+                seconds = phase_seconds(client.get_task_stream(), since)
+                if (seconds.get(("ps-worker-0", "wait"), 0) >= each * 0.6 * STRAGGLE_S
+                        and ("ps-worker-1", "push") in seconds):
+                    break
+                time.sleep(0.1)
+        finally:
+            strategy.close()
+    assert seconds.get(("ps-worker-0", "wait"), 0) >= each * 0.6 * STRAGGLE_S, seconds
+    assert seconds.get(("ps-worker-1", "wait"), 0) < each * 0.3 * STRAGGLE_S, seconds
+    assert seconds[("ps-worker-1", "compute")] >= 0.9 * each * STRAGGLE_S, seconds  # its delay
+    for w in ("ps-worker-0", "ps-worker-1"):
+        assert (w, "push") in seconds and (w, "compute") in seconds, seconds

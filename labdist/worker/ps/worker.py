@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import math
 import os
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from labdist.worker.ps.compressed_push import PushCompression
 from labdist.worker.ps.liveness import PING, Unresponsive, watched_call
 from labdist.worker.ps.outcome import Ending, Outcome
 from labdist.worker.ps.shm_client import ShmPaths
+from labdist.worker.step_report import StepLog, StepReporter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
@@ -109,6 +111,8 @@ class ParameterServerWorker:
                              self._dask_calls, self._probe)
         self.compression = PushCompression()  # its pushes' compressor and residuals
         self.compression.set(settings.get("compression"))
+        self._worker = worker
+        self._reports: dict[int, tuple[StepLog, StepReporter]] = {}  # per function thread
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "index": self.index}
@@ -147,6 +151,8 @@ class ParameterServerWorker:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for _, reporter in list(self._reports.values()):
+            reporter.close()
         self._shm.close()
         if self._rpc is not None:
             await self._rpc.close()
@@ -163,7 +169,9 @@ class ParameterServerWorker:
             with enter(ctx):
                 result = fn(*args, **kwargs)
             ctx.flush()
-            phases.RECORDER.step(start, phases.now(), {"worker": self.index})
+            stop = phases.now()
+            phases.RECORDER.step(start, stop, {"worker": self.index})
+            self._step_log().record(start, stop, 0)
             cloudpickle.dumps(result, protocol=5, buffer_callback=lambda _: None)  # can it go?
             return Outcome.ok(result)
         except Retry:
@@ -177,6 +185,17 @@ class ParameterServerWorker:
             return Outcome.error(error, traceback.format_exc())
         except BaseException as e:  # the function's own error, reported to the driver
             return Outcome.error(picklable_error(e), traceback.format_exc())
+
+    def _step_log(self) -> StepLog:
+        """This function thread's log of steps for the Dask dashboard's task stream (each
+        thread its own row, and its phases read by thread: worker/step_report.py)."""
+        tid = threading.get_ident()
+        entry = self._reports.get(tid)
+        if entry is None:
+            log = StepLog()
+            reporter = StepReporter(self._worker, log, "ps", f"ps-worker-{self.index}", tid)
+            entry = self._reports[tid] = (log, reporter)
+        return entry[0]
 
     def _load(self, fn_bytes: bytes):
         if fn_bytes != self._fn[0]:
