@@ -50,16 +50,28 @@ class Communicator:
             self.device.start_run(run)
 
     def exchange(self, seq: int, sig: Any, payload: Any, what: str, phase: int = 0,
-                 per_peer: bool = False) -> list[tuple[Any, Any]]:
+                 per_peer: bool = False, senders: range | None = None,
+                 readers: range | None = None) -> list[tuple[Any, Any]]:
         """Send (sig, payload) to every peer; return every rank's (sig, payload), own included.
 
         With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
-        what comes back from each peer is what it addressed to this rank.
+        what comes back from each peer is what it addressed to this rank. `senders` /
+        `readers` narrow it (the shm transport only: shared.py decides when): see
+        `ShmTransport.exchange`.
         """
-        sent = payload_bytes(payload, self.rank, self.world, per_peer)
+        narrowed = senders is not None or readers is not None
+        if senders is not None and self.rank not in senders:
+            sent = 0
+        else:
+            sent = payload_bytes(payload, self.rank, self.world, per_peer)
+            if readers is not None:  # only they read it
+                sent = sent // max(self.world - 1, 1) * (len(readers) - (self.rank in readers))
         self.sent_bytes += sent
         start = phases.now()
-        got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
+        if narrowed:
+            got = self.host.exchange(seq, phase, sig, payload, what, per_peer, senders, readers)
+        else:
+            got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
         arrived = getattr(self.host, "last_arrival", None)
         if network.CURRENT is not None:  # a modelled link: the data moves no faster than it
             network.delay(sent, phases.now() - max(arrived or start, start))
