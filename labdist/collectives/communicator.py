@@ -17,6 +17,8 @@ from labdist.aggregation import Aggregation
 from labdist.collectives.compressed import CompressionState
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
 
+PERSISTENT_KEYS = 8  # persistent buffers a replica keeps (a model's gradients: one)
+
 
 class Communicator:
     """What the algorithms and the Replica actor use; transports stay behind it."""
@@ -27,6 +29,7 @@ class Communicator:
         self.device: DeviceTransport | None = None
         self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._persistent: dict[Any, Any] = {}  # key -> array (`persistent`), oldest first
         self.compression = CompressionState()  # the gradient all-reduce's compressor, residuals
         self.sent_bytes = 0  # array bytes this replica sent to peers, every collective
 
@@ -90,6 +93,17 @@ class Communicator:
             buf = self._scratch[dtype] = np.empty(max(n, 2 * buf.size if buf is not None
                                                       else n), dtype)
         return buf[:n]
+
+    def persistent(self, key: Any, n: int, dtype: Any, xp: Any = np) -> Any:
+        """The flat `xp` array of `n` `dtype` elements kept under `key` (made on first use; the
+        last PERSISTENT_KEYS keys are kept): a step's buffers, allocated once, not every step."""
+        dtype = np.dtype(dtype)
+        buf = self._persistent.get(key)
+        if buf is None or buf.size != n or buf.dtype != dtype:
+            if len(self._persistent) >= PERSISTENT_KEYS:
+                self._persistent.pop(next(iter(self._persistent)))
+            buf = self._persistent[key] = xp.empty(n, dtype)
+        return buf
 
     def device_for(self, backend, arrays: list[Any], agg: Aggregation) -> DeviceTransport | None:
         """The device transport, if it can take this all-reduce (else the data goes through

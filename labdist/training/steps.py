@@ -59,13 +59,13 @@ class TrainStep:
         return [d for layer in self.slots for d in layer.values()]
 
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
-                  total: int) -> tuple[list[dict], Any]:
+                  total: int, out: list[dict] | None = None) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
-        array}), and [loss sum, each metric's sum]; `iteration` counts from 1 and seeds
-        dropout."""
+        array}; written into `out` where given), and [loss sum, each metric's sum];
+        `iteration` counts from 1 and seeds dropout."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics)
+                         self.metrics, out)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -93,6 +93,7 @@ class TrainStep:
         flat_params = [params[i][k].reshape(-1) for i, k in names]
         flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
                       for i, k in names]
+        out = gradient_buffer(ctx, params)
         width = 1 + len(self.metrics)
         stats = xp.zeros(width, dtype=xp.float64)
         history = xp.zeros((len(totals), width), dtype=xp.float64)  # stays on the device
@@ -102,7 +103,7 @@ class TrainStep:
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
-                                                ctx.replica_id_in_sync_group, step, total)
+                                                ctx.replica_id_in_sync_group, step, total, out)
             grads = [grads[i][k] for i, k in names]
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
@@ -149,10 +150,34 @@ def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: li
     return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update, gradients=n)
 
 
-def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):
+def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
+    """Views, shaped as `params` (per layer: {name: array}), of one flat buffer this replica
+    keeps across steps for this layout: the backward pass writes each layer's gradients
+    there, so a step allocates (and page-faults) no gradient arrays. None where the
+    parameters do not share one dtype."""
+    arrays = [a for p in params for a in p.values()]
+    if not arrays or any(a.dtype != arrays[0].dtype for a in arrays):
+        return None
+    key = ("gradients", tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
+    flat = ctx.persistent_buffer(key, sum(a.size for a in arrays), arrays[0].dtype)
+    views, at = [], 0
+    for p in params:
+        views.append({})
+        for k, a in p.items():
+            views[-1][k] = flat[at:at + a.size].reshape(a.shape)
+            at += a.size
+    return views
+
+
+def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
-    metric's sum over the shard]."""
+    metric's sum over the shard]; with `out` (per layer: {name: array}), written there."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
+        if out is not None:
+            for grads in out:
+                for v in grads.values():
+                    v[...] = 0
+            return out, xp.zeros(1 + len(metrics), dtype=xp.float64)
         grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
     caches, h = [], x
@@ -169,12 +194,17 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):
     scale = local / total
     if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
         dz = losses.fused_softmax_grad(xp, y, h) * scale
-        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0)
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
+                                             None if out is None else out[-1])
         start -= 1
     else:
         dh = dh * scale
     for i in range(start, -1, -1):
-        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+        if out is None:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+        else:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0,
+                                              out=out[i])
     stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
     stats[0] = value * local
     for j, metric in enumerate(metrics, start=1):

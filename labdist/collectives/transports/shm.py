@@ -43,6 +43,7 @@ import numpy as np
 from labdist.collectives.transports import shm_area as area
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
+from labdist.collectives.transports.shm_layout import Layouts
 from labdist.collectives.transports.shm_wake import Doorbell
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 
@@ -50,7 +51,6 @@ REVIEW_RUNS = 16  # runs between reviews of the data area's size
 KEEP_BYTES = 16 << 20  # a data area this small is kept whatever the recent need
 HIGH_WATER_BYTES = 64 << 20  # a larger one is kept only while every run needs it
 SHRINK_FACTOR = 4  # larger than this many times the recent need: dropped at the review
-MAX_LAYOUTS = 64  # message layouts remembered (a training loop uses a handful)
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,7 @@ class ShmTransport:
         # that slot, parsed; the same words (layout number, area, offset) again mean the same
         # arrays at the same places
         self._parsed: dict[tuple[int, int], tuple[tuple, tuple[Any, list]]] = {}
-        # (sig, shapes and dtypes) -> (meta, offsets, end, number): our messages of arrays
-        self._layouts: dict[tuple, tuple[bytes, list[int], int, int]] = {}
-        self._numbered = 0
+        self._layouts = Layouts()  # our messages of arrays, laid out once per shape
         self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
         self._full = False  # the last message did not fit (warned once until one fits)
         self._runs = self._peak = 0  # since the last review: runs, largest area needed
@@ -182,7 +180,7 @@ class ShmTransport:
 
     def _publish(self, slot: int, stamp: int, message: Any, senders: range | None = None,
                  readers: range | None = None) -> None:
-        layout, arrays = self._layout(message)
+        layout, arrays = self._layouts.of(message)
         if layout is None:
             buffers: list[pickle.PickleBuffer] = []
             inner = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
@@ -209,49 +207,6 @@ class ShmTransport:
         words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta), number)
         words[0] = stamp  # last: peers may read everything above once they see it
         self._ring_if_last(slot, stamp, senders, readers)
-
-    def _layout(self, message: Any) -> tuple[tuple[bytes, list[int], int, int] | None, list]:
-        """(meta, offsets, end, layout number) of a (sig, arrays) message, `arrays` a list of
-        arrays or, per peer, of such lists and None, whose pickles depend on their shapes and
-        dtypes alone (C-contiguous, no objects): the same bytes every step, so they are made
-        once and peers parse them once; and the arrays in pickling order. (None, []) else."""
-        payload = message[1] if type(message) is tuple and len(message) == 2 else None
-        if type(payload) is not list:
-            return None, []
-        arrays: list[np.ndarray] = []
-        shape: list = []
-        for item in payload:
-            if type(item) is list:
-                arrays.extend(item)
-                shape.append(tuple((a.shape, a.dtype) if type(a) is np.ndarray else None
-                                   for a in item))
-            elif item is None:
-                shape.append(None)
-            else:
-                arrays.append(item)
-                shape.append((getattr(item, "shape", None), getattr(item, "dtype", None)))
-        for a in arrays:
-            if (type(a) is not np.ndarray or not a.flags.c_contiguous or a.dtype.hasobject
-                    or a.size == 0):
-                return None, []
-        try:
-            key = (message[0], tuple(shape))
-            known = self._layouts.get(key)
-        except TypeError:  # a signature that cannot be a key
-            return None, []
-        if known is None:
-            buffers: list[pickle.PickleBuffer] = []
-            inner = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-            sizes = [b.raw().nbytes for b in buffers]
-            if len(sizes) != len(arrays):  # pickled in band after all: contents in the meta
-                return None, []
-            meta = pickle.dumps((inner, sizes), protocol=5)
-            offsets, end = area.layout([*sizes, len(meta)])
-            if len(self._layouts) >= MAX_LAYOUTS:
-                self._layouts.clear()
-            self._numbered += 1
-            known = self._layouts[key] = (meta, offsets, end, self._numbered)
-        return known, arrays
 
     def _ring_if_last(self, slot: int, stamp: int, senders: range | None,
                       readers: range | None) -> None:
