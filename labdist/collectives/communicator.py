@@ -8,6 +8,7 @@ group member talks over Dask comms, which work between any workers.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ class Communicator:
         self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self._persistent: dict[Any, Any] = {}  # key -> array (`persistent`), oldest first
+        self._background: ThreadPoolExecutor | None = None
         self.compression = CompressionState()  # the gradient all-reduce's compressor, residuals
         self.sent_bytes = 0  # array bytes this replica sent to peers, every collective
 
@@ -105,6 +107,14 @@ class Communicator:
             buf = self._persistent[key] = xp.empty(n, dtype)
         return buf
 
+    def background(self) -> ThreadPoolExecutor:
+        """This replica's one helper thread for collectives that overlap its step (made on
+        first use, ended by `close`)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(
+                1, thread_name_prefix=f"labdist-collectives-{self.rank}")
+        return self._background
+
     def device_for(self, backend, arrays: list[Any], agg: Aggregation) -> DeviceTransport | None:
         """The device transport, if it can take this all-reduce (else the data goes through
         the host transport)."""
@@ -121,6 +131,9 @@ class Communicator:
             previous.close()
 
     def close(self) -> None:
+        if self._background is not None:
+            self._background.shutdown(wait=False)
+            self._background = None
         for transport in (self.host, self.device):
             if transport is not None:
                 transport.close()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from labdist.enums import ReduceOp
-from labdist.training import diloco, losses
+from labdist.training import diloco, losses, overlap
 
 
 class DeviceRNG:
@@ -59,13 +59,14 @@ class TrainStep:
         return [d for layer in self.slots for d in layer.values()]
 
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
-                  total: int, out: list[dict] | None = None) -> tuple[list[dict], Any]:
+                  total: int, out: list[dict] | None = None, ready=None
+                  ) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
         array}; written into `out` where given), and [loss sum, each metric's sum];
-        `iteration` counts from 1 and seeds dropout."""
+        `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics, out)
+                         self.metrics, out, ready)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -100,10 +101,14 @@ class TrainStep:
         sharded = False
         local = ctx.local_sgd is not None
         state = self.round_state(ctx, names, local)
+        buckets = None if local or state is not None else overlap.Buckets.make(
+            ctx, "the training step's gradients", self.optimizer, names, out, flat_params,
+            flat_slots, first_iteration + 1)
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
-                                                ctx.replica_id_in_sync_group, step, total, out)
+                                                ctx.replica_id_in_sync_group, step, total, out,
+                                                buckets and buckets.ready)
             grads = [grads[i][k] for i, k in names]
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
@@ -112,9 +117,12 @@ class TrainStep:
                 continue
             if state is not None:  # local SGD was just turned off: close its round first
                 diloco.leave_local(ctx, flat_params, flat_slots, state)
-            sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
-                                    grads, flat_params, flat_slots, step,
-                                    rider=(local_stats, stats))
+            if buckets is not None:  # the later layers' sum is under way already
+                sharded |= buckets.finish((local_stats, stats))
+            else:
+                sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
+                                        grads, flat_params, flat_slots, step,
+                                        rider=(local_stats, stats))
             ctx.communication.synced_steps += 1
             history[step - first_iteration - 1] = stats
         if state is not None:
@@ -169,7 +177,8 @@ def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
     return views
 
 
-def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None):
+def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
+              ready=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
     metric's sum over the shard]; with `out` (per layer: {name: array}), written there."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
@@ -196,6 +205,8 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         dz = losses.fused_softmax_grad(xp, y, h) * scale
         dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
                                              None if out is None else out[-1])
+        if ready is not None:
+            ready(start)
         start -= 1
     else:
         dh = dh * scale
@@ -205,6 +216,8 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         else:
             dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0,
                                               out=out[i])
+        if ready is not None:
+            ready(i)
     stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
     stats[0] = value * local
     for j, metric in enumerate(metrics, start=1):

@@ -191,6 +191,11 @@ class ReplicaContext:
         step instead of allocating them."""
         return self._replica.comm.persistent(key, n, dtype, self.xp)
 
+    def background(self):
+        """A thread of this replica's own (an executor: one task at a time, in order) for
+        collectives that overlap its computation; the step thread makes none meanwhile."""
+        return self._replica.comm.background()
+
     @property
     def compression(self):
         """The compressor of this replica's gradient all-reduce (None: plain)."""
