@@ -27,8 +27,9 @@ class Buckets:
     accuracy (`finish`)."""
 
     def __init__(self, ctx, what: str, optimizer, names: list[tuple], grads: list,
-                 params: list, slots: list[dict], first_step: int):
+                 params: list, slots: list[dict], first_step: int, apply):
         self.ctx, self.what, self.optimizer = ctx, what, optimizer
+        self.apply = apply  # steps.apply_summed: sums a bucket and applies the optimizer
         self.later = [j for j, (i, _) in enumerate(names) if i > 0]
         self.first = [j for j, (i, _) in enumerate(names) if i == 0]
         self.grads, self.params, self.slots = grads, params, slots  # persistent views
@@ -36,14 +37,14 @@ class Buckets:
         self._pending = None
 
     @classmethod
-    def make(cls, ctx, what, optimizer, names, out, params, slots, first_step):
+    def make(cls, ctx, what, optimizer, names, out, params, slots, first_step, apply):
         """Buckets where the switch is on and they can work (gradients in a persistent
         buffer, later layers with weights, a plain all-reduce); else None."""
         if (not enabled() or out is None or ctx.compression is not None
                 or ctx.local_sgd is not None or not any(i > 0 for i, _ in names)):
             return None
         grads = [out[i][k] for i, k in names]
-        return cls(ctx, what, optimizer, names, grads, params, slots, first_step)
+        return cls(ctx, what, optimizer, names, grads, params, slots, first_step, apply)
 
     def ready(self, layer: int) -> None:
         """The backward pass finished `layer`: from layer 1 down, the later bucket is whole."""
@@ -51,23 +52,19 @@ class Buckets:
             self._pending = self.ctx.background().submit(self._later, self.step)
 
     def _later(self, step: int) -> bool:
-        from labdist.training.steps import apply_summed
-
         pick = self.later
-        return apply_summed(self.ctx, f"{self.what} (later layers)", self.optimizer,
+        return self.apply(self.ctx, f"{self.what} (later layers)", self.optimizer,
                             [self.grads[j] for j in pick], [self.params[j] for j in pick],
                             [self.slots[j] for j in pick], step)
 
     def finish(self, rider: tuple) -> bool:
         """Wait for the later bucket (run it here if the backward never signalled: an empty
         shard), then sum and apply the first layer's; whether either was partitioned."""
-        from labdist.training.steps import apply_summed
-
         pending, self._pending = self._pending, None
         sharded = pending.result() if pending is not None else self._later(self.step)
         pick = self.first
-        sharded |= apply_summed(self.ctx, self.what, self.optimizer,
-                                [self.grads[j] for j in pick], [self.params[j] for j in pick],
-                                [self.slots[j] for j in pick], self.step, rider=rider)
+        sharded |= self.apply(self.ctx, self.what, self.optimizer,
+                              [self.grads[j] for j in pick], [self.params[j] for j in pick],
+                              [self.slots[j] for j in pick], self.step, rider=rider)
         self.step += 1
         return sharded

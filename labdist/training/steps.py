@@ -103,7 +103,7 @@ class TrainStep:
         state = self.round_state(ctx, names, local)
         buckets = None if local or state is not None else overlap.Buckets.make(
             ctx, "the training step's gradients", self.optimizer, names, out, flat_params,
-            flat_slots, first_iteration + 1)
+            flat_slots, first_iteration + 1, apply_summed)
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
