@@ -11,6 +11,7 @@ once, so the copies stay bit-identical with the switch on or off.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 ENV = "LABDIST_OVERLAP_BACKWARD"
@@ -23,8 +24,8 @@ def enabled() -> bool:
 
 class Buckets:
     """Two buckets of one replica's gradient all-reduce: the later layers' (started as soon
-    as the backward pass has made them, `ready`) and the first layer's with fit's loss and
-    accuracy (`finish`)."""
+    as the backward pass has made them: the step calls the object with each layer it
+    finished) and the first layer's with fit's loss and accuracy (`finish`)."""
 
     def __init__(self, ctx, what: str, optimizer, names: list[tuple], grads: list,
                  params: list, slots: list[dict], first_step: int, apply):
@@ -46,10 +47,19 @@ class Buckets:
         grads = [out[i][k] for i, k in names]
         return cls(ctx, what, optimizer, names, grads, params, slots, first_step, apply)
 
-    def ready(self, layer: int) -> None:
+    def __call__(self, layer: int) -> None:
         """The backward pass finished `layer`: from layer 1 down, the later bucket is whole."""
         if layer == 1 and self._pending is None:
             self._pending = self.ctx.background().submit(self._later, self.step)
+
+    def abandon(self) -> None:
+        """The step failed after the later bucket left: wait for its collective (the peers
+        take part in it too), so that no collective of this step is still running when the
+        next one starts."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                pending.result()
 
     def _later(self, step: int) -> bool:
         pick = self.later

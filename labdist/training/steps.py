@@ -63,7 +63,8 @@ class TrainStep:
                   ) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
         array}; written into `out` where given), and [loss sum, each metric's sum];
-        `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward."""
+        `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward
+        (and `ready.abandon()`, where it has one, if the backward pass raises)."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
                          self.metrics, out, ready)
@@ -108,7 +109,7 @@ class TrainStep:
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
                                                 ctx.replica_id_in_sync_group, step, total, out,
-                                                buckets and buckets.ready)
+                                                buckets)
             grads = [grads[i][k] for i, k in names]
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
@@ -189,6 +190,17 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
             return out, xp.zeros(1 + len(metrics), dtype=xp.float64)
         grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
+    try:
+        return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready)
+    except BaseException:  # a bucket already handed to the helper thread: let it finish
+        abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
+        if abandon is not None:
+            abandon()
+        raise
+
+
+def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready):
+    """`gradients` of a shard that is not empty."""
     caches, h = [], x
     for layer, p in zip(layers, params, strict=True):
         h, cache = layer.forward(xp, p, h, training=True, rng=rng)
