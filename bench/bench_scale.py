@@ -131,7 +131,27 @@ def report(figures: dict[str, float | None], counts: list[int]) -> str:
         cells += [cell(f"trivial run x{n}", f"trivial run x{first}", "µs"),
                   cell(f"1 MB all-reduce x{n}", f"1 MB all-reduce x{first}", "ms")]
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return "\n".join(rows + targets(figures, counts))
+
+
+# issue 26's latency targets: (figure, the most its time at 8 replicas may be over its time at 2)
+LATENCY_TARGETS = (("1 MB all-reduce", 3.0), ("trivial run", 2.0))
+
+
+def targets(figures: dict[str, float | None], counts: list[int]) -> list[str]:
+    """Issue 26's latency targets, as plain lines (8 replicas against 2)."""
+    if 2 not in counts or 8 not in counts:
+        return []
+    lines = [""]
+    for name, most in LATENCY_TARGETS:
+        at2, at8 = figures.get(f"{name} x2"), figures.get(f"{name} x8")
+        if not at2 or not at8:
+            lines.append(f"{name} at 8 vs 2: not measured (target <= {most:g}x)")
+            continue
+        ratio = at8 / at2
+        verdict = "met" if ratio <= most else "NOT met"
+        lines.append(f"{name} at 8 vs 2: {ratio:.2f}x (target <= {most:g}x): {verdict}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
+MALLOC_TRIM = 1 << 30  # bytes free at the top of a heap before glibc hands them back
+MALLOC_MMAP = 32 << 20  # arrays from this size get a mapping of their own (glibc's maximum)
 
 
 def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | None = None):
@@ -38,8 +40,14 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
             f"(CUDA_VISIBLE_DEVICES entries {', '.join(gpus)}): each replica needs a GPU of "
             f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
     threads.export(n_workers)  # BLAS threads: the cores split among the replicas
-    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which makes numpy temporaries ~2x slower.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=64 KiB, which makes numpy temporaries ~2x
+    # slower; glibc's own trimming still hands a step's freed temporaries back to the kernel,
+    # so the next step page-faults them in again (54 faults a step per replica, fit 784-512-10
+    # at batch 256, against 13 with these: issue 26). A replica's steps need the same memory
+    # every step: keep it (arrays up to 32 MiB from the heap, trimmed past 1 GiB free).
+    environ = "distributed.nanny.pre-spawn-environ."
+    with dask.config.set({environ + "MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM,
+                          environ + "MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP}):
         options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,
                        silence_logs=logging.ERROR)
         if gpus and pinning.real_gpus:

@@ -140,41 +140,76 @@ def gather_segments(comm, seq: int, kind: str, arrays: list[np.ndarray]) -> None
     _gather(comm, seq, kind, [a.reshape(-1) for a in arrays], phase=0)
 
 
-def _bounds(size: int, world: int) -> list[int]:
+def _bounds(size: int, world: int, owners: int | None = None) -> list[int]:
     """Where each rank's segment of `size` elements starts (and the end): integer arithmetic,
-    the same on every rank."""
-    return [size * d // world for d in range(world + 1)]
+    the same on every rank. Ranks from `owners` on (shared.owners) own empty segments."""
+    if owners is None or owners >= world:
+        return [size * d // world for d in range(world + 1)]
+    return [size * min(d, owners) // owners for d in range(world + 1)]
 
 
 def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:
     """Reduce-scatter `flats` (reduce_into fills this rank's segment of each of `outs`), then
     all-gather the segments of `outs`. Where peers read each other's messages in place
-    (shared.py), every rank publishes its whole arrays once and reads its segment of each."""
+    (shared.py), every rank publishes its whole arrays once, the owners read their segment of
+    each and publish the sums, and everyone copies those out."""
     me = comm.rank
-    bounds = [_bounds(f.size, comm.world) for f in flats]
     if shared.shared_reads(comm, sum(f.nbytes for f in flats)):
-        got = comm.exchange(seq, sig, flats, kind, phase=0)
-        check_signatures([s for s, _ in got], kind)
-        mine = [[a[b[me]:b[me + 1]] for a, b in zip(payload, bounds, strict=True)]
-                for _, payload in got]
-    else:
-        outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
-                    for d in range(comm.world)]
-        got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
-        check_signatures([s for s, _ in got], kind)
-        mine = [payload for _, payload in got]
+        _segmented_shared(comm, seq, kind, sig, flats, outs, reduce_into)
+        return
+    bounds = [_bounds(f.size, comm.world, shared.owners(comm)) for f in flats]
+    outgoing = [[f[b[d]:b[d + 1]] for f, b in zip(flats, bounds, strict=True)]
+                for d in range(comm.world)]
+    got = comm.exchange(seq, sig, outgoing, kind, phase=0, per_peer=True)
+    check_signatures([s for s, _ in got], kind)
     for i, b in enumerate(bounds):
-        reduce_into(i, b[me], b[me + 1], [payload[i] for payload in mine])
+        reduce_into(i, b[me], b[me + 1], [payload[i] for _, payload in got])
     _gather(comm, seq, kind, outs, phase=1)
+
+
+def _segmented_shared(comm, seq, kind, sig, flats, outs, reduce_into) -> None:
+    """Shared memory: all ranks -> owners (whole arrays), owners -> all ranks (their summed
+    segments). Owners check the signatures; a mismatch travels to the others in the second
+    message (its signature: MISMATCH and every rank's), so every rank raises the same error."""
+    me, world = comm.rank, comm.world
+    owners = range(shared.owners(comm))
+    bounds = [_bounds(f.size, world, len(owners)) for f in flats]
+    got = comm.exchange(seq, sig, flats, kind, phase=0, readers=owners)
+    if me in owners:
+        sigs = [s for s, _ in got]
+        try:
+            check_signatures(sigs, kind)
+        except (CollectiveMismatchError, ValueError, TypeError):
+            comm.exchange(seq, (MISMATCH, sigs), [], kind, phase=1, senders=owners)
+            raise
+        for i, b in enumerate(bounds):
+            reduce_into(i, b[me], b[me + 1], [payload[i][b[me]:b[me + 1]]
+                                              for _, payload in got])
+        mine = [o[b[me]:b[me + 1]] for o, b in zip(outs, bounds, strict=True)]
+    else:
+        mine = []
+    gathered = comm.exchange(seq, None, mine, kind, phase=1, senders=owners)
+    for r in owners:
+        if gathered[r][0] is not None:  # an owner found the signatures did not match
+            check_signatures(gathered[r][0][1], kind)
+    for i, (out, b) in enumerate(zip(outs, bounds, strict=True)):
+        for r in owners:
+            if r != me:
+                out[b[r]:b[r + 1]] = gathered[r][1][i]
+
+
+# The signature of an owner's second message when the first's signatures did not match.
+MISMATCH = "signatures differ"
 
 
 def _gather(comm, seq, kind, outs, phase) -> None:
     me = comm.rank
-    bounds = [_bounds(o.size, comm.world) for o in outs]
+    owners = shared.owners(comm)
+    bounds = [_bounds(o.size, comm.world, owners) for o in outs]
     mine = [o[b[me]:b[me + 1]] for o, b in zip(outs, bounds, strict=True)]
     gathered = comm.exchange(seq, None, mine, kind, phase=phase)
     for i, (out, b) in enumerate(zip(outs, bounds, strict=True)):
-        for r in range(comm.world):
+        for r in range(min(owners, comm.world)):
             if r != me:
                 out[b[r]:b[r + 1]] = gathered[r][1][i]
 

@@ -8,6 +8,7 @@ group member talks over Dask comms, which work between any workers.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from labdist import network, phases
 from labdist.aggregation import Aggregation
 from labdist.collectives.compressed import CompressionState
 from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
+
+PERSISTENT_KEYS = 8  # persistent buffers a replica keeps (a model's gradients: one)
 
 
 class Communicator:
@@ -27,6 +30,8 @@ class Communicator:
         self.device: DeviceTransport | None = None
         self.mailbox = endpoint.mailbox  # the Replica actor clears it and posts peer news
         self._scratch: dict[np.dtype, np.ndarray] = {}
+        self._persistent: dict[Any, Any] = {}  # key -> array (`persistent`), oldest first
+        self._background: ThreadPoolExecutor | None = None
         self.compression = CompressionState()  # the gradient all-reduce's compressor, residuals
         self.sent_bytes = 0  # array bytes this replica sent to peers, every collective
 
@@ -50,16 +55,28 @@ class Communicator:
             self.device.start_run(run)
 
     def exchange(self, seq: int, sig: Any, payload: Any, what: str, phase: int = 0,
-                 per_peer: bool = False) -> list[tuple[Any, Any]]:
+                 per_peer: bool = False, senders: range | None = None,
+                 readers: range | None = None) -> list[tuple[Any, Any]]:
         """Send (sig, payload) to every peer; return every rank's (sig, payload), own included.
 
         With `per_peer`, `payload` is a list indexed by rank: peer d gets `payload[d]`, and
-        what comes back from each peer is what it addressed to this rank.
+        what comes back from each peer is what it addressed to this rank. `senders` /
+        `readers` narrow it (the shm transport only: shared.py decides when): see
+        `ShmTransport.exchange`.
         """
-        sent = payload_bytes(payload, self.rank, self.world, per_peer)
+        narrowed = senders is not None or readers is not None
+        if senders is not None and self.rank not in senders:
+            sent = 0
+        else:
+            sent = payload_bytes(payload, self.rank, self.world, per_peer)
+            if readers is not None:  # only they read it
+                sent = sent // max(self.world - 1, 1) * (len(readers) - (self.rank in readers))
         self.sent_bytes += sent
         start = phases.now()
-        got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
+        if narrowed:
+            got = self.host.exchange(seq, phase, sig, payload, what, per_peer, senders, readers)
+        else:
+            got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
         arrived = getattr(self.host, "last_arrival", None)
         if network.CURRENT is not None:  # a modelled link: the data moves no faster than it
             network.delay(sent, phases.now() - max(arrived or start, start))
@@ -79,6 +96,25 @@ class Communicator:
                                                       else n), dtype)
         return buf[:n]
 
+    def persistent(self, key: Any, n: int, dtype: Any, xp: Any = np) -> Any:
+        """The flat `xp` array of `n` `dtype` elements kept under `key` (made on first use; the
+        last PERSISTENT_KEYS keys are kept): a step's buffers, allocated once, not every step."""
+        dtype = np.dtype(dtype)
+        buf = self._persistent.get(key)
+        if buf is None or buf.size != n or buf.dtype != dtype:
+            if len(self._persistent) >= PERSISTENT_KEYS:
+                self._persistent.pop(next(iter(self._persistent)))
+            buf = self._persistent[key] = xp.empty(n, dtype)
+        return buf
+
+    def background(self) -> ThreadPoolExecutor:
+        """This replica's one helper thread for collectives that overlap its step (made on
+        first use, ended by `close`)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(
+                1, thread_name_prefix=f"labdist-collectives-{self.rank}")
+        return self._background
+
     def device_for(self, backend, arrays: list[Any], agg: Aggregation) -> DeviceTransport | None:
         """The device transport, if it can take this all-reduce (else the data goes through
         the host transport)."""
@@ -95,6 +131,9 @@ class Communicator:
             previous.close()
 
     def close(self) -> None:
+        if self._background is not None:
+            self._background.shutdown(wait=False)
+            self._background = None
         for transport in (self.host, self.device):
             if transport is not None:
                 transport.close()

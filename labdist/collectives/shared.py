@@ -8,6 +8,12 @@ about one payload's worth, where the direct algorithm (everyone reduces everythi
 of them; on a machine with fewer cores than replicas that N-fold work is what made a 1 MB
 all-reduce grow ~N^2 with the replica count. Every segment is still summed once, in rank
 order, by one rank, so the copies stay bit-identical.
+
+With more ranks than cores, only as many ranks as there are cores own a segment (`owners`):
+the others publish, then sleep until the owners' sums are there. Each owner does more of the
+summing, but the group's work is the same, and the ranks that would only have queued for a
+core skip one barrier (a wake-up each) and read a few owners' messages instead of every
+peer's: at 8 replicas on 2 cores, a third of the time a 1 MB all-reduce took.
 """
 
 from __future__ import annotations
@@ -36,3 +42,14 @@ def segment_min_bytes(comm: Any, generic: int) -> int:
     """From how many bytes `comm`'s group reduce-scatters rather than reducing directly
     (`generic`: the threshold where messages are copied to each peer)."""
     return SEGMENT_MIN_BYTES if shared_reads(comm) else generic
+
+
+def owners(comm: Any) -> int:
+    """How many ranks (the first ones) own a segment of a reduce-scatter and of the state
+    updated by segments (`gather_segments`): every rank, unless peers read in place and the
+    group has more ranks than its host's cores (`cores`, agreed at connect, so every rank
+    answers alike). It depends on nothing else, so every collective of a group cuts the same
+    segments."""
+    if not shared_reads(comm):
+        return comm.world
+    return max(1, min(comm.world, getattr(comm.host, "cores", comm.world)))

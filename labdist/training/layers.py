@@ -2,7 +2,8 @@
 
 `build(input_dim, rng)` returns the initial parameters as host arrays (a model stores them in
 distributed variables); `forward(xp, params, x, training, rng)` returns the output and a cache;
-`backward(xp, params, cache, dy)` returns the input gradient and the parameter gradients.
+`backward(xp, params, cache, dy)` returns the input gradient and the parameter gradients
+(written into `out`, {name: array}, where given: a training step's persistent buffer).
 """
 
 from __future__ import annotations
@@ -48,18 +49,26 @@ class Dense:
         a = self.activation.forward(xp, z)
         return a, (x, z, a)
 
-    def backward(self, xp, params, cache, da, input_grad: bool = True):
+    def backward(self, xp, params, cache, da, input_grad: bool = True, out: dict | None = None):
         """(d loss / d input, {name: d loss / d param}); the first layer of a model passes
         input_grad=False and gets None instead of a gradient nobody uses (a whole matmul)."""
         x, z, a = cache
         return self.backward_linear(xp, params, x, self.activation.backward(xp, z, a, da),
-                                    input_grad)
+                                    input_grad, out)
 
-    def backward_linear(self, xp, params, x, dz, input_grad: bool = True):
-        """From the gradient of the pre-activation `dz` (e.g. softmax + cross-entropy fused)."""
-        grads = {"kernel": x.T @ dz}
-        if self.use_bias:
-            grads["bias"] = dz.sum(axis=0)
+    def backward_linear(self, xp, params, x, dz, input_grad: bool = True,
+                        out: dict | None = None):
+        """From the gradient of the pre-activation `dz` (e.g. softmax + cross-entropy fused);
+        with `out`, the parameter gradients are written there (the same bits)."""
+        if out is None:
+            grads = {"kernel": x.T @ dz}
+            if self.use_bias:
+                grads["bias"] = dz.sum(axis=0)
+        else:
+            grads = out
+            xp.matmul(x.T, dz, out=out["kernel"])
+            if self.use_bias:
+                dz.sum(axis=0, out=out["bias"])
         return (dz @ params["kernel"].T if input_grad else None), grads
 
     def __repr__(self) -> str:
@@ -82,7 +91,7 @@ class Dropout:
         mask = (draw >= self.rate).astype(x.dtype) / (1 - self.rate)
         return x * mask, mask
 
-    def backward(self, xp, params, cache, dy, input_grad: bool = True):
+    def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
         if not input_grad:
             return None, {}
         return (dy if cache is None else dy * cache), {}

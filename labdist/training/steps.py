@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from labdist.enums import ReduceOp
-from labdist.training import diloco, losses
+from labdist.training import diloco, losses, overlap
 
 
 class DeviceRNG:
@@ -59,13 +59,15 @@ class TrainStep:
         return [d for layer in self.slots for d in layer.values()]
 
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
-                  total: int) -> tuple[list[dict], Any]:
+                  total: int, out: list[dict] | None = None, ready=None
+                  ) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
-        array}), and [loss sum, each metric's sum]; `iteration` counts from 1 and seeds
-        dropout."""
+        array}; written into `out` where given), and [loss sum, each metric's sum];
+        `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward
+        (and `ready.abandon()`, where it has one, if the backward pass raises)."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics)
+                         self.metrics, out, ready)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -93,16 +95,21 @@ class TrainStep:
         flat_params = [params[i][k].reshape(-1) for i, k in names]
         flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
                       for i, k in names]
+        out = gradient_buffer(ctx, params)
         width = 1 + len(self.metrics)
         stats = xp.zeros(width, dtype=xp.float64)
         history = xp.zeros((len(totals), width), dtype=xp.float64)  # stays on the device
         sharded = False
         local = ctx.local_sgd is not None
         state = self.round_state(ctx, names, local)
+        buckets = None if local or state is not None else overlap.Buckets.make(
+            ctx, "the training step's gradients", self.optimizer, names, out, flat_params,
+            flat_slots, first_iteration + 1, apply_summed)
         batches = zip(shards, totals, strict=True)
         for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
             grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
-                                                ctx.replica_id_in_sync_group, step, total)
+                                                ctx.replica_id_in_sync_group, step, total, out,
+                                                buckets)
             grads = [grads[i][k] for i, k in names]
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
@@ -111,9 +118,12 @@ class TrainStep:
                 continue
             if state is not None:  # local SGD was just turned off: close its round first
                 diloco.leave_local(ctx, flat_params, flat_slots, state)
-            sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
-                                    grads, flat_params, flat_slots, step,
-                                    rider=(local_stats, stats))
+            if buckets is not None:  # the later layers' sum is under way already
+                sharded |= buckets.finish((local_stats, stats))
+            else:
+                sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
+                                        grads, flat_params, flat_slots, step,
+                                        rider=(local_stats, stats))
             ctx.communication.synced_steps += 1
             history[step - first_iteration - 1] = stats
         if state is not None:
@@ -149,12 +159,48 @@ def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: li
     return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update, gradients=n)
 
 
-def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):
+def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
+    """Views, shaped as `params` (per layer: {name: array}), of one flat buffer this replica
+    keeps across steps for this layout: the backward pass writes each layer's gradients
+    there, so a step allocates (and page-faults) no gradient arrays. None where the
+    parameters do not share one dtype."""
+    arrays = [a for p in params for a in p.values()]
+    if not arrays or any(a.dtype != arrays[0].dtype for a in arrays):
+        return None
+    key = ("gradients", tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
+    flat = ctx.persistent_buffer(key, sum(a.size for a in arrays), arrays[0].dtype)
+    views, at = [], 0
+    for p in params:
+        views.append({})
+        for k, a in p.items():
+            views[-1][k] = flat[at:at + a.size].reshape(a.shape)
+            at += a.size
+    return views
+
+
+def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
+              ready=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
-    metric's sum over the shard]."""
+    metric's sum over the shard]; with `out` (per layer: {name: array}), written there."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
+        if out is not None:
+            for grads in out:
+                for v in grads.values():
+                    v[...] = 0
+            return out, xp.zeros(1 + len(metrics), dtype=xp.float64)
         grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
+    try:
+        return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready)
+    except BaseException:  # a bucket already handed to the helper thread: let it finish
+        abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
+        if abandon is not None:
+            abandon()
+        raise
+
+
+def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready):
+    """`gradients` of a shard that is not empty."""
     caches, h = [], x
     for layer, p in zip(layers, params, strict=True):
         h, cache = layer.forward(xp, p, h, training=True, rng=rng)
@@ -169,12 +215,21 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=()):
     scale = local / total
     if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
         dz = losses.fused_softmax_grad(xp, y, h) * scale
-        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0)
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
+                                             None if out is None else out[-1])
+        if ready is not None:
+            ready(start)
         start -= 1
     else:
         dh = dh * scale
     for i in range(start, -1, -1):
-        dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+        if out is None:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+        else:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0,
+                                              out=out[i])
+        if ready is not None:
+            ready(i)
     stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
     stats[0] = value * local
     for j, metric in enumerate(metrics, start=1):

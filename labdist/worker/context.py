@@ -185,6 +185,17 @@ class ReplicaContext:
         return reduce_scatter_apply(self._replica.comm, self.next_seq(), what, arrays, targets,
                                     apply, self._replica.backend)
 
+    def persistent_buffer(self, key: Any, n: int, dtype: Any) -> Any:
+        """A flat array of `n` `dtype` elements on this replica's device, the same one each
+        time `key` asks (its contents are the caller's): buffers a training step reuses every
+        step instead of allocating them."""
+        return self._replica.comm.persistent(key, n, dtype, self.xp)
+
+    def background(self):
+        """A thread of this replica's own (an executor: one task at a time, in order) for
+        collectives that overlap its computation; the step thread makes none meanwhile."""
+        return self._replica.comm.background()
+
     @property
     def compression(self):
         """The compressor of this replica's gradient all-reduce (None: plain)."""

@@ -76,3 +76,35 @@ def test_mismatched_shapes_raise_on_every_replica_and_the_group_goes_on(mirrored
         mirrored3.run(lambda x: ld.get_replica_context().all_reduce("SUM", x), args=(xs,))
     out = mirrored3.run(lambda: ld.get_replica_context().all_reduce("MEAN", np.ones(N)))
     assert all(np.array_equal(r, np.ones(N)) for r in mirrored3.experimental_local_results(out))
+
+
+def test_owners_are_agreed_and_a_partitioned_update_ends_whole_everywhere(mirrored3):
+    """With more replicas than cores only the first `cores` ranks own segments (they sum and
+    update them); the others' segments are empty, and every copy still ends identical."""
+    import os
+
+    from labdist.worker.context import current
+
+    start = np.linspace(-1, 1, N, dtype=np.float32)
+
+    def step():
+        ctx = current()
+        comm = ctx._replica.comm
+        weights, slots = start.copy(), np.zeros(N, np.float32)
+
+        def apply(i, lo, hi, summed):
+            slots[lo:hi] = summed
+            weights[lo:hi] -= 0.1 * summed
+        grad = values(ctx.replica_id_in_sync_group, 7)
+        partitioned = ctx.reduce_apply("apply", [grad], [weights], apply)
+        ctx.gather_segments("slots", [slots])
+        return comm.host.cores, shared.owners(comm), partitioned, weights, slots
+
+    results = mirrored3.experimental_local_results(mirrored3.run(step))
+    cores = min(len(os.sched_getaffinity(0)), 3)
+    assert {(min(int(c), 3), int(o), bool(p)) for c, o, p, _, _ in results} == {
+        (cores, cores, True)}
+    total = in_rank_order([values(r, 7) for r in range(3)])
+    for _, _, _, weights, slots in results:
+        assert slots.tobytes() == total.tobytes()
+        assert weights.tobytes() == (start - np.float32(0.1) * total).tobytes()

@@ -43,6 +43,7 @@ import numpy as np
 from labdist.collectives.transports import shm_area as area
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
+from labdist.collectives.transports.shm_layout import Layouts
 from labdist.collectives.transports.shm_wake import Doorbell
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
 
@@ -56,7 +57,8 @@ log = logging.getLogger(__name__)
 
 class ShmTransport:
     """One replica's side of the shared-memory transport (`exchange` runs on its step thread).
-    Its probe is (control path, token): a peer that can read the token shares this /dev/shm."""
+    Its probe is (control path, token, cores): a peer that can read the token shares this
+    /dev/shm; `cores`, the fewest any rank may run on, is how many ranks reduce segments."""
 
     name: ClassVar[str] = "shm"
     layer: ClassVar[str] = HOST
@@ -79,9 +81,11 @@ class ShmTransport:
         self._peer_words: dict[int, list[np.ndarray]] = {}
         self._peer_controls: list[area.Mapping] = []
         self._peer_data: dict[int, area.Mapping] = {}
-        # (peer, slot) -> (meta bytes, (sig, arrays)): a peer's last message of arrays in that
-        # slot, parsed; the same meta again means the same arrays at the same places
-        self._parsed: dict[tuple[int, int], tuple[bytes, tuple[Any, list]]] = {}
+        # (peer, slot) -> (control words, (sig, arrays)): a peer's last message of arrays in
+        # that slot, parsed; the same words (layout number, area, offset) again mean the same
+        # arrays at the same places
+        self._parsed: dict[tuple[int, int], tuple[tuple, tuple[Any, list]]] = {}
+        self._layouts = Layouts()  # our messages of arrays, laid out once per shape
         self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
         self._full = False  # the last message did not fit (warned once until one fits)
         self._runs = self._peak = 0  # since the last review: runs, largest area needed
@@ -89,8 +93,9 @@ class ShmTransport:
         self._files = threading.Lock()  # making or removing our files vs close
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
+        self.cores = 1  # agreed by `connect`: the fewest cores any rank of the group may use
 
-    def probe(self) -> tuple[str, str] | None:
+    def probe(self) -> tuple[str, str, int] | None:
         if not area.available():
             return None
         area.remove_orphans()
@@ -103,19 +108,20 @@ class ShmTransport:
         self._control.bytes[:16] = np.frombuffer(self.token.encode(), np.uint8)
         self._words = area.slot_words(self._control)
         self._bell.open(self._prefix)
-        return self._control.path, self.token
+        return self._control.path, self.token, _cores()
 
     def connect(self, probes: list[Any]) -> bool:
         """Map the peers' control files, if every one is readable here."""
         peers = {r: p for r, p in enumerate(probes) if r != self.endpoint.rank}
-        if not area.can_reach(list(peers.values())):
+        if not area.can_reach([p[:2] for p in peers.values()]):
             return False
-        for rank, (path, _) in peers.items():
+        self.cores = min(p[2] for p in probes)  # the same answer on every rank
+        for rank, (path, _, _) in peers.items():
             control = area.Mapping(path, area.CONTROL_BYTES, create=False)
             self._peer_controls.append(control)
             self._peer_words[rank] = area.slot_words(control)
             self._peer_prefix[rank] = path.removesuffix("-control")
-            self._bell.connect(self._peer_prefix[rank])
+            self._bell.connect(rank, self._peer_prefix[rank])
         return True
 
     def start_run(self, run: int) -> None:
@@ -132,36 +138,59 @@ class ShmTransport:
 
     # -- one exchange -------------------------------------------------------------------------
     def exchange(self, seq: int, phase: int, sig: Any, payload: Any, what: str,
-                 per_peer: bool) -> list[tuple[Any, Any]]:
+                 per_peer: bool, senders: range | None = None, readers: range | None = None
+                 ) -> list[tuple[Any, Any]]:
         """Arrays that come back are read-only views of the peers' areas: valid until this
-        replica's next collective."""
+        replica's next collective.
+
+        `senders` / `readers` (None: every rank) narrow the message to ranks `senders`
+        publishing and ranks `readers` reading all of theirs: a rank outside `senders` sends
+        nothing, one outside `readers` does not wait and gets its own message back alone, and
+        a rank that did not send reads as (None, None). Every rank must pass the same ranges.
+        Two slots stay enough as long as every rank that publishes message k + 2 read every
+        sender of message k + 1 and those include every reader of its message k: the pairs
+        `_segmented` makes (all -> owners, owners -> all) keep that."""
         run, rank, world = self.run, self.endpoint.rank, self.endpoint.world
         k, self.messages = self.messages, self.messages + 1  # the same count on every replica
         stamp = (run << 24) | k
         if self._retired is not None:  # every peer has read our message before last
             self._remove_retired()
-        message = payload
-        if per_peer:  # peers read only their part; don't publish our own
-            message = [None if r == rank else p for r, p in enumerate(payload)]
-        try:
-            self._publish(k % 2, stamp, (sig, message))
-        except area.NoSpace as e:
-            self._send_by_dask(k % 2, stamp, seq, phase, sig, payload, what, per_peer, e)
-        self._wait_all(k % 2, stamp, seq, phase, what)
+        sends = senders is None or rank in senders
+        if sends:
+            message = payload
+            if per_peer:  # peers read only their part; don't publish our own
+                message = [None if r == rank else p for r, p in enumerate(payload)]
+            try:
+                self._publish(k % 2, stamp, (sig, message), senders, readers)
+            except area.NoSpace as e:
+                self._send_by_dask(k % 2, stamp, seq, phase, sig, payload, what, per_peer, e)
+        own = (sig, payload[rank] if per_peer else payload) if sends else (None, None)
+        if readers is not None and rank not in readers:
+            return [own]
+        self._wait_all(k % 2, stamp, seq, phase, what, senders)
         got: list[tuple[Any, Any]] = []
         for r in range(world):
             if r == rank:
-                got.append((sig, payload[rank] if per_peer else payload))
-            else:
+                got.append(own)
+            elif senders is None or r in senders:
                 got.append(self._receive(r, k % 2, stamp, seq, phase, what, per_peer))
+            else:
+                got.append((None, None))
         return got
 
-    def _publish(self, slot: int, stamp: int, message: Any) -> None:
-        buffers: list[pickle.PickleBuffer] = []
-        inner = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        raws = [b.raw() for b in buffers]
-        meta = pickle.dumps((inner, [r.nbytes for r in raws]), protocol=5)
-        offsets, end = area.layout([r.nbytes for r in raws] + [len(meta)])
+    def _publish(self, slot: int, stamp: int, message: Any, senders: range | None = None,
+                 readers: range | None = None) -> None:
+        layout, arrays = self._layouts.of(message)
+        if layout is None:
+            buffers: list[pickle.PickleBuffer] = []
+            inner = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+            raws = [np.frombuffer(b.raw(), np.uint8) for b in buffers]
+            meta = pickle.dumps((inner, [r.nbytes for r in raws]), protocol=5)
+            offsets, end = area.layout([r.nbytes for r in raws] + [len(meta)])
+            number = 0
+        else:  # arrays only, laid out as last time: no pickling
+            meta, offsets, end, number = layout
+            raws = [a.reshape(-1).view(np.uint8) for a in arrays]
         if 2 * end > self._run_peak:
             self._run_peak = 2 * end
             self._peak = max(self._peak, self._run_peak)
@@ -171,23 +200,27 @@ class ShmTransport:
         data = self._data
         base = slot * (data.size // 2)
         for raw, off in zip(raws, offsets, strict=False):
-            data.bytes[base + off:base + off + raw.nbytes] = np.frombuffer(raw, np.uint8)
+            data.bytes[base + off:base + off + raw.nbytes] = raw
         meta_off = base + offsets[-1]
         data.bytes[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
         words = self._words[slot]
-        words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta))
+        words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta), number)
         words[0] = stamp  # last: peers may read everything above once they see it
-        self._ring_if_last(slot, stamp)
+        self._ring_if_last(slot, stamp, senders, readers)
 
-    def _ring_if_last(self, slot: int, stamp: int) -> None:
-        """Wake the peers only if every one has published this message already: the others
-        wait for all stamps (`_wait_all`), so earlier rings would only wake them to sleep again
-        (with N replicas on fewer cores, N^2 wake-ups a message). Two ranks that publish at
-        once may each miss the other's stamp; then both stay silent and the waiters find the
-        stamps at their next poll timeout (MAX_POLL_MS), so nothing hangs."""
+    def _ring_if_last(self, slot: int, stamp: int, senders: range | None,
+                      readers: range | None) -> None:
+        """Wake the readers only if every sender has published this message already: the
+        others wait for all stamps (`_wait_all`), so earlier rings would only wake them to
+        sleep again (with N replicas on fewer cores, N^2 wake-ups a message). Two ranks that
+        publish at once may each miss the other's stamp; then both stay silent and the
+        waiters find the stamps at their next poll timeout (MAX_POLL_MS), so nothing hangs."""
         peers = self._peer_words
-        if all(words[slot][0] >= stamp for words in peers.values()):
-            self._bell.ring()
+        if senders is None:
+            if all(words[slot][0] >= stamp for words in peers.values()):
+                self._bell.ring(readers)
+        elif all(peers[r][slot][0] >= stamp for r in senders if r != self.endpoint.rank):
+            self._bell.ring(readers)
 
     def _send_by_dask(self, slot, stamp, seq, phase, sig, payload, what, per_peer, error):
         """Send this message over Dask comms: the stamp first, so that a peer that finds it in
@@ -217,7 +250,12 @@ class ShmTransport:
         words = self._peer_words[r][slot]
         self._wait(r, words, stamp, seq, phase, what)
         self.last_arrival = time.time()  # peers are read in rank order: the last one's is all's
-        generation, nonce, size, meta_off, meta_len = (int(w) for w in words[1:])
+        key = tuple(words[1:].tolist())
+        parsed = self._parsed.get((r, slot))
+        if parsed is not None and parsed[0] == key:  # the views see the new contents
+            sig, arrays = parsed[1]
+            return sig, list(arrays[self.endpoint.rank] if per_peer else arrays)
+        generation, nonce, size, meta_off, meta_len, number = key
         if generation == area.FALLBACK:
             return self._dask.receive(self.run, seq, phase, r, what)  # addressed to us
         data = self._peer_data.get(r)
@@ -229,14 +267,9 @@ class ShmTransport:
             data = self._peer_data[r] = area.Mapping(path, size, create=False)
             data.nonce = nonce
         meta = bytes(data.bytes[meta_off:meta_off + meta_len])
-        parsed = self._parsed.get((r, slot))
-        if parsed is not None and parsed[0] == meta:  # the views see the new contents
-            sig, arrays = parsed[1]
-            return sig, list(arrays)
         sig, payload = self._parse(data, slot, size, meta)
-        if (not per_peer and type(payload) is list
-                and all(type(a) is np.ndarray for a in payload)):
-            self._parsed[(r, slot)] = (meta, (sig, list(payload)))
+        if number:  # a layout the peer will send again: keep the views
+            self._parsed[(r, slot)] = (key, (sig, list(payload)))
         return sig, payload[self.endpoint.rank] if per_peer else payload
 
     @staticmethod
@@ -256,10 +289,10 @@ class ShmTransport:
         for slot in (0, 1):
             self._parsed.pop((r, slot), None)
 
-    def _wait_all(self, slot, stamp, seq, phase, what) -> None:
-        """Wait until every peer's stamp for this message is there (the last one rings)."""
+    def _wait_all(self, slot, stamp, seq, phase, what, senders=None) -> None:
+        """Wait until every sender's stamp for this message is there (the last one rings)."""
         for r, words in self._peer_words.items():
-            if words[slot][0] < stamp:
+            if words[slot][0] < stamp and (senders is None or r in senders):
                 self._wait(r, words[slot], stamp, seq, phase, what)
 
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
@@ -362,3 +395,11 @@ class ShmTransport:
             gc.collect()  # else the mappings and their fds stay until the next full collection
             for m in mapped:
                 m.close()
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the platform tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

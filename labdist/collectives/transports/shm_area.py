@@ -32,8 +32,9 @@ SHM_DIR = "/dev/shm"
 ALIGN = 64
 CONTROL_BYTES = 4096
 # control words per slot: stamp, generation, random part of the data file's name, data size,
-# meta offset, meta length. Generation FALLBACK: the message went over Dask comms instead.
-WORDS = 6
+# meta offset, meta length, layout (nonzero: the same layout number means the same meta bytes,
+# so a reader may reuse its parse). Generation FALLBACK: the message went over Dask comms.
+WORDS = 7
 FALLBACK = -1
 TRIES = 8  # names tried before a planted file under each of them is reported as an error
 

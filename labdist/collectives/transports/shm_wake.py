@@ -31,7 +31,7 @@ class Doorbell:
         self.path: str | None = None
         self._fd: int | None = None
         self._poll: select.poll | None = None
-        self._peers: list[int] = []
+        self._peers: dict[int, int] = {}  # rank -> write end of its FIFO
 
     def open(self, prefix: str) -> None:
         """Make and open this replica's FIFO; without one, waits sleep-poll (`pause`)."""
@@ -50,14 +50,16 @@ class Doorbell:
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN)
 
-    def connect(self, peer_prefix: str) -> None:
-        """Open a peer's FIFO for writing (if it has one: it may sleep-poll instead)."""
+    def connect(self, rank: int, peer_prefix: str) -> None:
+        """Open peer `rank`'s FIFO for writing (if it has one: it may sleep-poll instead)."""
         with contextlib.suppress(OSError):
-            self._peers.append(os.open(peer_prefix + SUFFIX, os.O_WRONLY | os.O_NONBLOCK))
+            self._peers[rank] = os.open(peer_prefix + SUFFIX, os.O_WRONLY | os.O_NONBLOCK)
 
-    def ring(self) -> None:
-        """Wake every peer (after this replica's stamp is stored)."""
-        for fd in self._peers:
+    def ring(self, ranks=None) -> None:
+        """Wake the peers `ranks` (None: every peer), after this replica's stamp is stored."""
+        peers = self._peers
+        for fd in (peers.values() if ranks is None else
+                   [peers[r] for r in ranks if r in peers]):
             try:
                 os.write(fd, b"\0")
             except OSError as e:  # full: it wakes anyway; gone: nobody waits
@@ -82,10 +84,10 @@ class Doorbell:
         return min(2.5e-4, pause * 2 if pause else 2e-5)
 
     def close(self) -> None:
-        for fd in [*self._peers, *([self._fd] if self._fd is not None else [])]:
+        for fd in [*self._peers.values(), *([self._fd] if self._fd is not None else [])]:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._peers, self._fd, self._poll = [], None, None
+        self._peers, self._fd, self._poll = {}, None, None
         if self.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
