@@ -405,6 +405,25 @@ class Strategy:
             yield self.experimental_local_results(out)[0]
 
     @property
+    def loops_on_replicas(self) -> bool:
+        """Whether `train_model_plan` can hand the replicas a span of `fit`'s epoch to run on
+        their own: mirrored replicas on worker processes, outside quorum training (each of
+        its groups is a transaction the driver commits) and not parameter servers (their
+        workers loop as scheduled functions)."""
+        return (self._quorum is None and self.num_replicas_in_sync >= 2
+                and type(self).train_model_steps is Strategy.train_model_steps)
+
+    def train_model_plan(self, step: Callable, plan: Any) -> tuple[Any, Any]:
+        """Run a span of a model's epoch from one dispatch: `step(plan)` on every replica
+        (a `training.steps.TrainStep` and its `EpochPlan`), which slice their own batches
+        and loop over the span's groups without the driver. Returns replica 0's result (the
+        rows of the steps taken, and their samples). Only where `loops_on_replicas`."""
+        if not self.loops_on_replicas:
+            raise RuntimeError(f"{self!r} does not run training loops on its replicas; "
+                               "use train_model_steps")
+        return self.experimental_local_results(self.run(step, args=(plan,)))[0]
+
+    @property
     def fault_tolerance(self) -> str:
         """"quorum" (training goes on among the replicas alive) or "none"."""
         return "none" if self._quorum is None else "quorum"
