@@ -17,7 +17,8 @@ batches, and when the driver steps in.
   it after the first group, as in Keras.
 - **Elsewhere the driver sends each group** (`Strategy.train_model_steps`): data not placed
   (replicas on another host, `LABDIST_PLACE_INPUT=0`), quorum training, parameter servers,
-  in-process replicas. The hooks and `stop_training` behave the same.
+  in-process replicas. The hooks and `stop_training` behave the same (on parameter
+  servers, groups already scheduled when it is set still run, as under TF's coordinator).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class FitLoop:
     def _driver_groups(self, step, bar, totals: Totals) -> None:
         """Today's path: the driver makes each group's batches and sends them."""
         groups = _chunks(list(self.batches), self.spe)
-        outputs = self.strategy.train_model_steps(step, groups, self.model._iterations)
+        outputs = iter(self.strategy.train_model_steps(step, groups, self.model._iterations))
         try:
             for g, group in enumerate(groups):
                 self._call("on_train_batch_begin", g * self.spe)
@@ -106,8 +107,13 @@ class FitLoop:
                 self._group_done(g * self.spe + len(group) - 1, len(group), bar, totals)
                 if self.model.stop_training:
                     break
+            else:  # let it finish what follows its last group (parameter servers' join)
+                if next(outputs, None) is not None:
+                    raise RuntimeError("train_model_steps yielded more groups than it got")
         finally:
-            outputs.close()
+            close = getattr(outputs, "close", None)
+            if close is not None:  # a stop: nothing more is sent
+                close()
 
     def _plan_groups(self, step, plan: EpochPlan, bar, totals: Totals) -> None:
         """A callback has batch hooks: one group a dispatch, the hooks around each."""
