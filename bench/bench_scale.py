@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
     figures = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
     print(report(figures, args.replicas))
+    print("\n" + "\n".join(targets(figures)))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "figures": figures,
                                          "runs": runs}, indent=1))
@@ -132,6 +133,31 @@ def report(figures: dict[str, float | None], counts: list[int]) -> str:
                   cell(f"1 MB all-reduce x{n}", f"1 MB all-reduce x{first}", "ms")]
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def targets(figures: dict[str, float | None]) -> list[str]:
+    """Issue 26's replica-count targets (784-512-10 for fit and DDP), PASS / FAIL each."""
+    m = "784-512-10"
+    checks = [  # (text, numerator key, denominator key, bound, at least (else at most))
+        ("fit at 4 replicas >= 0.75x its rate at 2", f"fit {m} x4", f"fit {m} x2", 0.75, True),
+        ("fit at 8 replicas >= 0.5x its rate at 2", f"fit {m} x8", f"fit {m} x2", 0.5, True),
+        ("trivial strategy.run at 8 <= 2x its time at 2", "trivial run x8", "trivial run x2",
+         2.0, False),
+        ("1 MB all-reduce at 8 <= 3x its time at 2", "1 MB all-reduce x8",
+         "1 MB all-reduce x2", 3.0, False),
+        *((f"fit >= 1.5x torch DDP at {n} replicas, batch {BATCH}", f"fit {m} x{n}",
+           f"ddp {m} x{n}", 1.5, True) for n in (2, 4, 8)),
+    ]
+    lines = [f"{'target (issue 26)':<52}{'ratio':>8}  verdict"]
+    for text, num, den, bound, at_least in checks:
+        a, b = figures.get(num), figures.get(den)
+        if a is None or not b:
+            lines.append(f"{text:<52}{'':>8}  not measured")
+            continue
+        ratio = a / b
+        ok = ratio >= bound if at_least else ratio <= bound
+        lines.append(f"{text:<52}{ratio:>7.2f}x  {'PASS' if ok else 'FAIL'}")
+    return lines
 
 
 if __name__ == "__main__":
