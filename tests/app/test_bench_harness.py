@@ -149,3 +149,19 @@ def test_spans_split_exclusive_time_and_leave_nothing_behind():
     assert (outer_calls, inner_calls) == (1, 2)
     assert inner_excl == inner_incl and outer_incl >= inner_incl
     assert outer_excl == outer_incl - inner_incl
+
+
+def test_the_scale_bench_judges_issue_26_s_replica_count_targets():
+    import bench_scale
+
+    figures = {"fit 784-512-10 x2": 100.0, "fit 784-512-10 x4": 80.0,
+               "fit 784-512-10 x8": 40.0, "trivial run x2": 300.0, "trivial run x8": 600.0,
+               "1 MB all-reduce x2": 0.2, "1 MB all-reduce x8": 0.7,
+               "ddp 784-512-10 x2": 50.0, "ddp 784-512-10 x4": None}
+    lines = {line.split("  ")[0]: line for line in bench_scale.targets(figures)[1:]}
+    assert lines["fit at 4 replicas >= 0.75x its rate at 2"].endswith("0.80x  PASS")
+    assert lines["fit at 8 replicas >= 0.5x its rate at 2"].endswith("0.40x  FAIL")
+    assert lines["trivial strategy.run at 8 <= 2x its time at 2"].endswith("2.00x  PASS")
+    assert lines["1 MB all-reduce at 8 <= 3x its time at 2"].endswith("3.50x  FAIL")
+    assert lines["fit >= 1.5x torch DDP at 2 replicas, batch 256"].endswith("2.00x  PASS")
+    assert lines["fit >= 1.5x torch DDP at 4 replicas, batch 256"].endswith("not measured")
