@@ -2,7 +2,9 @@
 each group (what `fit` did before; here forced by a callback with a no-op batch hook, which
 needs the driver after every group), in one process on one cluster, alternating fit by fit:
 pairs a second apart, so a loaded machine moves both sides of a pair alike. Prints the median
-of the per-pair ratios (free / per group) and each side's median steps/s, with the load.
+of the per-pair ratios (free / per group) and each side's median steps/s, with the load; and
+the CPU time per step of the driver and of the workers (this process's descendants: the
+cluster's processes), which a loaded machine moves far less than wall time.
 
 Run: `python bench/bench_fit_loop.py [--pairs 7] [--steps 200] [--replicas 2]`.
 """
@@ -17,8 +19,23 @@ import sys
 import time
 
 import numpy as np
+import psutil
 
 import labdist as ld
+
+
+def cpu() -> tuple[float, float]:
+    """CPU seconds of this process (the driver) and of its descendants (the workers)."""
+    me = psutil.Process()
+    t = me.cpu_times()
+    rest = 0.0
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            rest += c.user + c.system
+        except psutil.Error:
+            pass
+    return t.user + t.system, rest
 
 
 class Hook(ld.callbacks.Callback):
@@ -55,13 +72,20 @@ def main(argv=None) -> int:
             for spe in args.spe:
                 model = make_model(strategy, spe)
 
-                def rate(callbacks, model=model, x=x, y=y, batch=batch) -> float:
-                    start = time.perf_counter()
+                cpus: dict[int, list] = {0: [], 1: []}
+
+                def rate(callbacks, model=model, x=x, y=y, batch=batch, cpus=cpus) -> float:
+                    c0, start = cpu(), time.perf_counter()
                     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
                               callbacks=callbacks)
-                    return args.steps / (time.perf_counter() - start)
+                    seconds, c1 = time.perf_counter() - start, cpu()
+                    cpus[len(callbacks)].append(
+                        ((c1[0] - c0[0]) / args.steps * 1e3, (c1[1] - c0[1]) / args.steps * 1e3))
+                    return args.steps / seconds
 
                 rate([]), rate([Hook()])  # warm up both paths
+                cpus[0].clear()
+                cpus[1].clear()
                 free, grouped = [], []
                 for i in range(args.pairs):
                     order = ([], [Hook()]) if i % 2 == 0 else ([Hook()], [])
@@ -69,14 +93,18 @@ def main(argv=None) -> int:
                     free.append(got[0])
                     grouped.append(got[1])
                 ratios = [f / g for f, g in zip(free, grouped, strict=True)]
+                ms = {k: [statistics.median(c[j] for c in v) for j in (0, 1)]
+                      for k, v in cpus.items()}
                 row = {"batch": batch, "spe": spe, "free": statistics.median(free),
                        "per_group": statistics.median(grouped),
-                       "ratio": statistics.median(ratios), "ratios": ratios}
+                       "ratio": statistics.median(ratios), "ratios": ratios,
+                       "cpu_ms_per_step": {"free": ms[0], "per_group": ms[1]}}
                 out["rows"].append(row)
                 print(f"batch {batch:>4} spe {spe:>2}: replicas loop {row['free']:7.1f} "
                       f"steps/s, driver per group {row['per_group']:7.1f}; ratio "
-                      f"{row['ratio']:.2f}x (pairs {min(ratios):.2f}..{max(ratios):.2f})",
-                      flush=True)
+                      f"{row['ratio']:.2f}x (pairs {min(ratios):.2f}..{max(ratios):.2f}); "
+                      f"CPU ms/step driver {ms[0][0]:.2f} vs {ms[1][0]:.2f}, workers "
+                      f"{ms[0][1]:.2f} vs {ms[1][1]:.2f}", flush=True)
     out["loadavg_at_end"] = os.getloadavg()
     print(f"load average: start {out['loadavg_at_start'][0]:.2f}, "
           f"end {out['loadavg_at_end'][0]:.2f}")
