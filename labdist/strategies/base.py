@@ -385,9 +385,10 @@ class Strategy:
                           first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
         """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
         (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
-        (loss sum, metric sums, samples). `model.fit` calls this; strategies differ in where the
-        step runs. Here: one `run` per group, every replica on its shard of each batch (in
-        quorum mode, each group a transaction over the replicas alive: strategies/quorum.py)."""
+        (loss sum, metric sums, samples). `model.fit` calls this where the replicas cannot run
+        the loop themselves (`train_model_plan`); strategies differ in where the step runs.
+        Here: one `run` per group, every replica on its shard of each batch (in quorum mode,
+        each group a transaction over the replicas alive: strategies/quorum.py)."""
         if self._quorum is not None:
             yield from quorum.train(self, self._quorum, step, groups, first_iteration)
             return
