@@ -4,6 +4,8 @@ rule for `stop_training`, and errors as before."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -209,3 +211,25 @@ def test_which_callbacks_need_the_driver_each_group():
     assert implements_batch_hooks(Duck())
     assert implements_batch_hooks(lam)
     assert not implements_batch_hooks(object())
+
+
+class InterruptSoon(ld.callbacks.Callback):
+    """Ctrl-C in the kernel, 0.3 s into the epoch (SIGINT to this process)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_an_interrupted_fit_stops_the_replicas_after_one_more_group(monkeypatch, mirrored2):
+    monkeypatch.setenv(placed.ENV, "1")
+    x, y = data(60000, seed=2)  # 30000 steps: 15 s and more
+    m = model(mirrored2, spe=2, optimizer=ld.optimizers.SGD(0.05))
+    with pytest.raises(KeyboardInterrupt):
+        m.fit(x, y, batch_size=2, epochs=1, callbacks=[InterruptSoon()], verbose=0)
+        time.sleep(5)  # (never reached: the interrupt lands in fit)
+    start = time.perf_counter()
+    copies = [mirrored2.experimental_local_results(v) for v in m.weights]
+    assert time.perf_counter() - start < 4  # the replicas did not run the epoch out
+    for a, b in copies:  # they stopped after the same group
+        assert a.tobytes() == b.tobytes()
+    assert m._iterations < 30000
