@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -141,8 +142,10 @@ class FitLoop:
         watch.start()
         try:
             rows, samples = self.strategy.train_model_plan(step, span)
-        except BaseException:
+        except BaseException as error:
             board.request_stop()  # replicas still running end after their group
+            if isinstance(error, KeyboardInterrupt):  # let them end it before the next call
+                _await_end(board)  # tells them their run ended early (mid-step)
             watch.finish()
             done = board.rows(0, board.written())
             self.model._iterations += int(done[:, -1].sum()) if len(done) else 0
@@ -211,6 +214,14 @@ class _Watch:
             self._read = written
             if live[2] > 0:
                 self.bar.update(live[3], self.model._running_logs(live[0], live[1], live[2]))
+
+
+def _await_end(board: Board, patience: float = 5.0) -> None:
+    """After the driver was interrupted: wait (a little) for the replicas to end their span
+    at the group boundary they agreed on, so that the next call finds them done."""
+    deadline = time.monotonic() + patience
+    while not board.ended() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _chunks(items: list, size: int) -> list[list]:

@@ -5,8 +5,8 @@ replica 0 writes each group's figures as the group ends. Nobody waits on it: the
 the stop request once a group and the driver polls the figures, so neither side's pace sets
 the other's. Only used where the replicas read the driver's /dev/shm (placed input).
 
-Layout, float64: [stop, groups written, then one row per group: loss sum, metric sums...,
-samples, steps].
+Layout, float64: [stop, groups written, ended, then one row per group: loss sum, metric
+sums..., samples, steps].
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from labdist import placed
 
 PREFIX = "labdist-board-"
-HEAD = 2  # stop, groups written
+HEAD = 3  # stop, groups written, ended
 
 
 def _mapped(path: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
@@ -53,6 +53,10 @@ class Board:
 
     def written(self) -> int:
         return int(self._a[1])
+
+    def ended(self) -> bool:
+        """Whether replica 0 ended the span (its last group and collective done)."""
+        return bool(self._a[2])
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Groups [start, stop)'s rows (a copy), each written before the count said so."""
@@ -101,6 +105,11 @@ class ReplicaBoard:
         row[1:-2] = sums
         row[-2], row[-1] = samples, steps
         self._a[1] = group + 1
+
+    def end(self) -> None:
+        """Replica 0: the span is over (every replica ends it in the same collective)."""
+        if self._a is not None and self._writer:
+            self._a[2] = 1.0
 
     def close(self) -> None:
         if self._a is not None:

@@ -128,6 +128,7 @@ class TrainStep:
                 if host[-1, -1] > 0:  # a stop request, seen by some replica: all end here
                     break
             loop.finish()
+            board.end()
         finally:
             board.close()
         width = 1 + len(self.metrics)
