@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
     figures = {k: (statistics.median(v) if v else None) for k, v in samples.items()}
     print(report(figures, args.replicas))
+    print("\n" + "\n".join(targets(figures)))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine(), "figures": figures,
                                          "runs": runs}, indent=1))
@@ -131,26 +132,31 @@ def report(figures: dict[str, float | None], counts: list[int]) -> str:
         cells += [cell(f"trivial run x{n}", f"trivial run x{first}", "µs"),
                   cell(f"1 MB all-reduce x{n}", f"1 MB all-reduce x{first}", "ms")]
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
-    return "\n".join(rows + targets(figures, counts))
+    return "\n".join(rows)
 
 
-# issue 26's latency targets: (figure, the most its time at 8 replicas may be over its time at 2)
-LATENCY_TARGETS = (("1 MB all-reduce", 3.0), ("trivial run", 2.0))
-
-
-def targets(figures: dict[str, float | None], counts: list[int]) -> list[str]:
-    """Issue 26's latency targets, as plain lines (8 replicas against 2)."""
-    if 2 not in counts or 8 not in counts:
-        return []
-    lines = [""]
-    for name, most in LATENCY_TARGETS:
-        at2, at8 = figures.get(f"{name} x2"), figures.get(f"{name} x8")
-        if not at2 or not at8:
-            lines.append(f"{name} at 8 vs 2: not measured (target <= {most:g}x)")
+def targets(figures: dict[str, float | None]) -> list[str]:
+    """Issue 26's replica-count targets (784-512-10 for fit and DDP), PASS / FAIL each."""
+    m = "784-512-10"
+    checks = [  # (text, numerator key, denominator key, bound, at least (else at most))
+        ("fit at 4 replicas >= 0.75x its rate at 2", f"fit {m} x4", f"fit {m} x2", 0.75, True),
+        ("fit at 8 replicas >= 0.5x its rate at 2", f"fit {m} x8", f"fit {m} x2", 0.5, True),
+        ("trivial strategy.run at 8 <= 2x its time at 2", "trivial run x8", "trivial run x2",
+         2.0, False),
+        ("1 MB all-reduce at 8 <= 3x its time at 2", "1 MB all-reduce x8",
+         "1 MB all-reduce x2", 3.0, False),
+        *((f"fit >= 1.5x torch DDP at {n} replicas, batch {BATCH}", f"fit {m} x{n}",
+           f"ddp {m} x{n}", 1.5, True) for n in (2, 4, 8)),
+    ]
+    lines = [f"{'target (issue 26)':<52}{'ratio':>8}  verdict"]
+    for text, num, den, bound, at_least in checks:
+        a, b = figures.get(num), figures.get(den)
+        if a is None or not b:
+            lines.append(f"{text:<52}{'':>8}  not measured")
             continue
-        ratio = at8 / at2
-        verdict = "met" if ratio <= most else "NOT met"
-        lines.append(f"{name} at 8 vs 2: {ratio:.2f}x (target <= {most:g}x): {verdict}")
+        ratio = a / b
+        ok = ratio >= bound if at_least else ratio <= bound
+        lines.append(f"{text:<52}{ratio:>7.2f}x  {'PASS' if ok else 'FAIL'}")
     return lines
 
 

@@ -8,10 +8,14 @@ interpreter (`--torch-python` / LABDIST_BENCH_TORCH_PY, `--tf-python` / LABDIST_
 
 Every configuration runs in its own process (a runner under bench/baselines/ printing one JSON
 line); the configurations are interleaved in rounds, in a new random order each round, and
-each figure is the median over the rounds. The report gives the ratios behind issue 15's
+each figure is the median over the rounds. The report gives the ratios behind issue 26's
 targets and the CPU share other processes took while the bench ran.
 
-Run: `python bench/bench_train.py [--quick] [--json PATH] [--rounds N]`.
+`--before PATH` (LABDIST_BENCH_BEFORE) also runs `fit` under the labdist source tree at PATH
+(e.g. `git worktree add /tmp/before <commit>`), interleaved with this tree's, and reports the
+per-round ratios. The targets printed with PASS / FAIL are issue 26's.
+
+Run: `python bench/bench_train.py [--quick] [--json PATH] [--rounds N] [--only KEYS]`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ BUSY_OTHERS = 0.05  # others' CPU share above which a run is not a quiet one
 INTERPRETERS = {  # framework -> (flag, environment variable)
     "torch": ("--torch-python", "LABDIST_BENCH_TORCH_PY"),
     "tf": ("--tf-python", "LABDIST_BENCH_TF_PY"),
+    "before": ("--before", "LABDIST_BENCH_BEFORE"),  # a labdist source tree, not a python
 }
 
 
@@ -70,13 +75,22 @@ CONFIGS = (
            ("--mode", "loop", "--steps-per-call", "10")),
     Config("loop_assign_1", "labdist custom loop, all_reduce + assign_sub", "labdist",
            "labdist_train.py", ("--mode", "loop", "--update", "assign")),
+    Config("loop_10_pipes", "labdist custom loop, 10 steps/call, input on the replicas",
+           "labdist", "labdist_train.py",
+           ("--mode", "loop", "--steps-per-call", "10", "--input", "pipelines")),
+    # the same fit under another labdist tree (--before): interleaved before / after pairs
+    Config("fit_1_before", "labdist fit spe=1, the --before tree", "before",
+           "labdist_train.py", ("--mode", "fit", "--spe", "1")),
+    Config("fit_10_before", "labdist fit spe=10, the --before tree", "before",
+           "labdist_train.py", ("--mode", "fit", "--spe", "10")),
 )
+PAIRS = (("fit_1", "fit_1_before"), ("fit_10", "fit_10_before"))
 BY_KEY = {c.key: c for c in CONFIGS}
 
 
 @dataclass(frozen=True)
 class Target:
-    """Issue 15's target: the best of `numerator` over the best of `denominator` at `batch`
+    """A target: the best of `numerator` over the best of `denominator` at `batch`
     is at least `at_least`."""
 
     text: str
@@ -86,19 +100,21 @@ class Target:
     at_least: float
 
 
-TARGETS = (
-    *(Target(f"labdist fit >= 1.5x torch DDP, batch {b}", b, ("fit_1", "fit_10"),
-             ("torch_ddp",), 1.5) for b in BATCHES),
-    Target("labdist fit >= 0.6x one process (numpy or torch, the faster), batch 64", 64,
-           ("fit_1", "fit_10"), ("numpy", "torch_one"), 0.6),
-    Target("labdist fit >= 0.8x one process (numpy or torch, the faster), batch 256", 256,
-           ("fit_1", "fit_10"), ("numpy", "torch_one"), 0.8),
-    Target("custom loop (run per step) >= 1.0x DDP's per-step loop, batch 64", 64, ("loop_1",),
-           ("torch_ddp",), 1.0),
-    Target("custom loop (run per step) >= 1.5x TF custom loop at 1 step/call, batch 64", 64,
+FIT, ONE = ("fit_1", "fit_10"), ("numpy", "torch_one")
+TARGETS = (  # issue 26's, measured in this bench (bench_scale.py has the replica counts)
+    Target("fit >= 0.8x one process (numpy or torch, the faster), batch 256", 256, FIT, ONE,
+           0.8),
+    Target("fit >= 0.6x one process (numpy or torch, the faster), batch 64", 64, FIT, ONE, 0.6),
+    *(Target(f"fit >= the custom loop (run per step), batch {b}", b, FIT, ("loop_1",), 1.0)
+      for b in BATCHES),
+    *(Target(f"fit >= 1.2x TF's custom loop (best of 1, 10 steps/call), batch {b}", b, FIT,
+             ("tf_loop_1", "tf_loop_10"), 1.2) for b in BATCHES),
+    *(Target(f"fit >= 1.5x torch DDP (gloo), 2 replicas, batch {b}", b, FIT, ("torch_ddp",),
+             1.5) for b in BATCHES),
+    Target("custom loop (run per step) >= 1.5x TF's custom loop at 1 step/call, batch 64", 64,
            ("loop_1",), ("tf_loop_1",), 1.5),
-    *(Target(f"labdist fit ahead of TF's custom loop (best of 1, 10 steps/call), batch {b}", b,
-             ("fit_1", "fit_10"), ("tf_loop_1", "tf_loop_10"), 1.0) for b in BATCHES),
+    Target("custom loop, steps=10 >= 0.6x one process, batch 64", 64,
+           ("loop_10", "loop_10_pipes"), ONE, 0.6),
 )
 
 
@@ -142,10 +158,13 @@ def interpreters(args: argparse.Namespace) -> dict[str, str | None]:
 
 def not_measured(config: Config, pythons: dict[str, str | None], k_steps: bool) -> str | None:
     """Why `config` is not run at all, or None."""
+    if config.framework == "before" and pythons.get("before") is None:
+        return ("not measured: set LABDIST_BENCH_BEFORE (or --before) to another labdist "
+                "source tree to compare fit before / after")
     if pythons.get(config.framework) is None:
         flag, env = INTERPRETERS[config.framework]
         return f"not measured: set {env} (or {flag}) to an interpreter with {config.framework}"
-    if config.key == "loop_10" and not k_steps:
+    if config.key.startswith("loop_10") and not k_steps:
         return "not measured: this labdist's strategy.run has no steps= (k steps per call)"
     return None
 
@@ -171,9 +190,13 @@ def parse_output(stdout: str) -> dict[str, Any]:
 def run_one(config: Config, python: str, batch: int, round_: int, settings: Settings) -> Run:
     """Run one runner process and read its JSON line; a failure is a Run with its error."""
     before, start = cpu_seconds(), time.perf_counter()
+    env = None
+    if config.framework == "before":  # labdist from that tree, here and on its workers
+        env = {**os.environ, "PYTHONPATH": str(Path(python).resolve())}
+        python = sys.executable
     try:
         proc = subprocess.run(command(config, python, batch, settings), capture_output=True,
-                              text=True, timeout=settings.timeout, cwd=HERE.parent)
+                              text=True, timeout=settings.timeout, cwd=HERE.parent, env=env)
     except subprocess.TimeoutExpired:
         return Run(config.key, batch, round_, None, f"timed out after {settings.timeout:g} s",
                    time.perf_counter() - start)
@@ -252,7 +275,7 @@ def best(figures: dict[str, dict[int, float | None]], keys: tuple[str, ...], bat
 
 def evaluate(targets: tuple[Target, ...] | list[Target],
              figures: dict[str, dict[int, float | None]]) -> list[dict[str, Any]]:
-    """Each target's measured ratio and verdict ("met", "not met", "not measured")."""
+    """Each target's measured ratio and verdict ("PASS", "FAIL", "not measured")."""
     rows = []
     for t in targets:
         num, den = best(figures, t.numerator, t.batch), best(figures, t.denominator, t.batch)
@@ -260,7 +283,7 @@ def evaluate(targets: tuple[Target, ...] | list[Target],
                                "ratio": None, "verdict": "not measured", "of": None}
         if num is not None and den is not None:
             ratio = num[1] / den[1]
-            row.update(ratio=ratio, verdict="met" if ratio >= t.at_least else "not met",
+            row.update(ratio=ratio, verdict="PASS" if ratio >= t.at_least else "FAIL",
                        of=f"{num[0]} / {den[0]}")
         else:
             missing = [k for k, v in ((t.numerator, num), (t.denominator, den)) if v is None]
@@ -278,6 +301,21 @@ def ratios(figures: dict[str, dict[int, float | None]]) -> list[dict[str, Any]]:
                 batch)
             if value is not None and base:
                 rows.append({"key": config.key, "batch": batch, "vs_numpy": value / base})
+    return rows
+
+
+def paired(runs: list[Run]) -> list[dict[str, Any]]:
+    """`fit` after / before (the --before tree), per round (the two ran in the same round,
+    interleaved), and the median of those ratios."""
+    rows = []
+    for after, before in PAIRS:
+        for batch in BATCHES:
+            got = {(r.key, r.round): r.steps_per_s for r in runs if r.batch == batch}
+            pairs = [got[(after, k)] / got[(before, k)] for (key, k) in got
+                     if key == before and got.get((after, k)) and got[(before, k)]]
+            if pairs:
+                rows.append({"after": after, "before": before, "batch": batch,
+                             "ratio": statistics.median(pairs), "pairs": pairs})
     return rows
 
 
@@ -309,7 +347,12 @@ def format_report(runs: list[Run], figures, targets_rows, info: dict[str, Any]) 
     notes = sorted({why_missing(runs, c.key, b) for c in CONFIGS for b in BATCHES
                     if figures.get(c.key, {}).get(b) is None})
     lines += [f"  — {n}" for n in notes]
-    lines += ["", f"{'target':<78}{'ratio':>8}  verdict"]
+    pairs = paired(runs)
+    if pairs:
+        lines += ["", "fit, this tree / the --before tree (median of per-round ratios):"]
+        lines += [f"  {p['after']} batch {p['batch']}: {p['ratio']:.2f}x (pairs "
+                  + ", ".join(f"{x:.2f}" for x in p["pairs"]) + ")" for p in pairs]
+    lines += ["", f"{'target (issue 26)':<78}{'ratio':>8}  verdict"]
     for row in targets_rows:
         ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
         lines.append(f"{row['target']:<78}{ratio:>8}  {row['verdict']} ({row['of']})")
@@ -345,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             {"machine": info, "settings": asdict(settings),
              "runs": [asdict(r) for r in runs],
              "medians": {k: {str(b): v for b, v in d.items()} for k, d in figures.items()},
-             "vs_numpy": ratios(figures), "targets": rows}, indent=2) + "\n")
+             "vs_numpy": ratios(figures), "targets": rows, "paired": paired(runs)},
+            indent=2) + "\n")
     return 0
 
 

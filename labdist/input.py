@@ -256,11 +256,15 @@ class Batches:
 
     def _order(self) -> np.ndarray:
         """This pass's order of the samples (the next pass's, with shuffle, differs)."""
-        order = np.arange(self._n)
-        if self.shuffle:
-            order = np.random.default_rng((self._seed, self._epoch)).permutation(self._n)
+        return pass_order(self._n, self.next_pass_key())
+
+    def next_pass_key(self) -> tuple | None:
+        """Start the next pass without making its batches: what its order is drawn from
+        (`pass_order`), None for the samples in order. `fit` sends it to replicas that slice
+        the batches themselves, so they draw the very order iterating here would."""
+        key = (self._seed, self._epoch) if self.shuffle else None
         self._epoch += 1
-        return order
+        return key
 
     def _batch(self, order: np.ndarray, i: int) -> Any:
         idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
@@ -297,6 +301,13 @@ class _Pass:
         skipped = min(count, len(self._batches) - self._i)
         self._i += skipped
         return skipped
+
+
+def pass_order(n: int, key: tuple | None) -> np.ndarray:
+    """The order of `n` samples in a pass whose key `Batches.next_pass_key` gave."""
+    if key is None:
+        return np.arange(n)
+    return np.random.default_rng(key).permutation(n)
 
 
 def batches(arrays: Any, global_batch_size: int, *, shuffle: bool = False,

@@ -8,7 +8,10 @@ gradients of losses scaled by the global batch), one `strategy.run` per step ove
 `strategy.experimental_distribute_dataset`. `--update assign` is the older idiom instead:
 `ctx.all_reduce("MEAN", grads)`, then `v.assign_sub(lr * g)` on MEAN variables (each assign
 reduces its delta again). With `--steps-per-call k` > 1 the loop uses
-labdist's k-steps-per-call API when this labdist has one (see `run_k_steps`).
+labdist's k-steps-per-call API when this labdist has one (see `run_k_steps`). `--input
+pipelines` feeds the loop from `distribute_datasets_from_function` instead, one pipeline per
+replica (its half of every global batch), which moves to the replicas once: no batch travels
+from the driver.
 
 Run: `python bench/baselines/labdist_train.py --mode fit --spe 10 --batch 64 --steps 300`.
 """
@@ -107,6 +110,8 @@ def loop_runner(strategy, x, y, args):
     k = args.steps_per_call
     if k > 1 and not has_k_steps(strategy):
         fail(f"not measured: this labdist's strategy.run has no steps= (k = {k} per call)")
+    if args.input == "pipelines":
+        return pipeline_runner(strategy, x, y, args, k)
     dataset = strategy.experimental_distribute_dataset(ld.batches((x, y), args.batch))
 
     def run(steps: int) -> None:
@@ -122,6 +127,41 @@ def loop_runner(strategy, x, y, args):
     return run
 
 
+class Endless:
+    """A replica's pipeline: its shard of every global batch, pass after pass. It declares a
+    length (more than any run takes) so that no step needs a collective to learn whether
+    another replica's input ended."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return 1 << 40
+
+    def __iter__(self):
+        while True:
+            yield from self.batches
+
+
+def pipeline_runner(strategy, x, y, args, k: int):
+    n = strategy.num_replicas_in_sync
+    per = args.batch // n
+    options = ld.InputOptions(experimental_replication_mode=ld.InputReplicationMode.PER_REPLICA)
+
+    def dataset_fn(ctx):  # replica r: rows r*per..(r+1)*per of every global batch
+        rows = np.arange(len(x)).reshape(-1, args.batch)[:, ctx.input_pipeline_id * per:
+                                                          (ctx.input_pipeline_id + 1) * per]
+        return Endless(ld.batches((x[rows.ravel()], y[rows.ravel()]), per))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn, options))
+
+    def run(steps: int) -> None:
+        for _ in range(steps // k):
+            run_k_steps(strategy, iterator, k)
+
+    return run
+
+
 def main() -> None:
     def extra(p):
         p.add_argument("--mode", choices=("fit", "loop"), required=True)
@@ -129,6 +169,8 @@ def main() -> None:
         p.add_argument("--steps-per-call", type=int, default=1, help="loop: k steps per call")
         p.add_argument("--update", choices=("apply", "assign"), default="apply",
                        help="loop: optimizer.apply_gradients, or all_reduce + assign_sub")
+        p.add_argument("--input", choices=("driver", "pipelines"), default="driver",
+                       help="loop: batches drawn on the driver, or pipelines on the replicas")
 
     args = parse(__doc__.splitlines()[0], extra)
     unit = max(args.spe, args.steps_per_call)  # steps per call

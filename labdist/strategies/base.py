@@ -396,9 +396,10 @@ class Strategy:
                           first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
         """Train a model's `step` (a `training.steps.TrainStep`) on `groups` of global batches
         (x, y), numbering steps from `first_iteration` + 1; yields, group by group, each step's
-        (loss sum, metric sums, samples). `model.fit` calls this; strategies differ in where the
-        step runs. Here: one `run` per group, every replica on its shard of each batch (in
-        quorum mode, each group a transaction over the replicas alive: strategies/quorum.py)."""
+        (loss sum, metric sums, samples). `model.fit` calls this where the replicas cannot run
+        the loop themselves (`train_model_plan`); strategies differ in where the step runs.
+        Here: one `run` per group, every replica on its shard of each batch (in quorum mode,
+        each group a transaction over the replicas alive: strategies/quorum.py)."""
         if self._quorum is not None:
             yield from quorum.train(self, self._quorum, step, groups, first_iteration)
             return
@@ -414,6 +415,25 @@ class Strategy:
                                        [len(bx) for bx, _ in group], iteration))
             iteration += len(group)
             yield self.experimental_local_results(out)[0]
+
+    @property
+    def loops_on_replicas(self) -> bool:
+        """Whether `train_model_plan` can hand the replicas a span of `fit`'s epoch to run on
+        their own: mirrored replicas on worker processes, outside quorum training (each of
+        its groups is a transaction the driver commits) and not parameter servers (their
+        workers loop as scheduled functions)."""
+        return (self._quorum is None and self.num_replicas_in_sync >= 2
+                and type(self).train_model_steps is Strategy.train_model_steps)
+
+    def train_model_plan(self, step: Callable, plan: Any) -> tuple[Any, Any]:
+        """Run a span of a model's epoch from one dispatch: `step(plan)` on every replica
+        (a `training.steps.TrainStep` and its `EpochPlan`), which slice their own batches
+        and loop over the span's groups without the driver. Returns replica 0's result (the
+        rows of the steps taken, and their samples). Only where `loops_on_replicas`."""
+        if not self.loops_on_replicas:
+            raise RuntimeError(f"{self!r} does not run training loops on its replicas; "
+                               "use train_model_steps")
+        return self.experimental_local_results(self.run(step, args=(plan,)))[0]
 
     @property
     def fault_tolerance(self) -> str:

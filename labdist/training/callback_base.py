@@ -24,6 +24,16 @@ class Callback:
     def on_train_end(self, logs=None) -> None:
         pass
 
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        """Before the group of `steps_per_execution` steps that starts at `batch` (of the
+        epoch). A callback that overrides a batch hook has `fit` wait for the driver after
+        every group (training/fit_loop.py); without one, the replicas run whole epochs."""
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        """After the group that ended with `batch`, with the epoch's running logs (Keras:
+        at least once per `steps_per_execution` steps); `model.stop_training = True` here
+        ends the epoch after this group."""
+
     def on_membership_change(self, change) -> None:
         """Quorum training changed the replicas (a `MembershipChange`: lost or joined workers,
         the new `num_replicas`), between two steps of this `fit`."""

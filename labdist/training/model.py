@@ -18,6 +18,7 @@ from labdist.input import Batches, shard_bounds
 from labdist.training import diloco, fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
+from labdist.training.fit_loop import FitLoop
 from labdist.training.placed_input import placed_arrays
 from labdist.training.progress import ProgressBar, check_verbose
 from labdist.training.steps import TrainStep, forward_step
@@ -152,8 +153,9 @@ class Sequential:
             # recorded as `driver` spans between the requests it sends (labdist/phases.py)
             with phases.driving(), placed_arrays(self._strategy, x, y) as data:
                 batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
-                history = self._epochs(start, epochs, batches, y, batch_size, verbose,
-                                       callbacks, validation_data, history)
+                with FitLoop(self, self._strategy, callbacks, data, batches) as loop:
+                    history = self._epochs(start, epochs, loop, y, batch_size, verbose,
+                                           callbacks, validation_data, history)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
                 slots = [d for layer in self._slots for d in layer.values()]
                 self._strategy.run(diloco.finish_round, args=(self._outer, self.weights, slots))
@@ -166,24 +168,17 @@ class Sequential:
         finally:
             stop_listening()
 
-    def _epochs(self, start, epochs, batches, y, batch_size, verbose, callbacks,
+    def _epochs(self, start, epochs, loop, y, batch_size, verbose, callbacks,
                 validation_data, history) -> History:
+        """Each epoch: its groups of steps (fit_loop.py decides who loops over them), then
+        validation, the epoch's callbacks and History."""
         logs: dict[str, float] = {}
         for epoch in range(start, epochs):
             for cb in callbacks:
                 _call(cb, "on_epoch_begin", epoch)
-            loss_sum, sums, seen = 0.0, np.zeros(len(self._metrics)), 0.0
-            step = self._train_step(y)
-            groups = _chunks(list(batches), self._steps_per_execution)
-            bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(batches), verbose)
-            done = 0
-            outputs = self._strategy.train_model_steps(step, groups, self._iterations)
-            for group, group_outputs in zip(groups, outputs, strict=True):
-                for out_loss, out_sums, n in group_outputs:
-                    loss_sum, sums, seen = loss_sum + out_loss, sums + out_sums, seen + n
-                done += len(group)
-                self._iterations += len(group)
-                bar.update(done, self._running_logs(loss_sum, sums, seen))
+            bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(loop.batches), verbose)
+            totals = loop.epoch(self._train_step(y), bar)
+            loss_sum, sums, seen = totals.loss, totals.sums, totals.seen
             logs = self._running_logs(loss_sum, sums, seen)
             if validation_data is not None:
                 val = self.evaluate(*validation_data, batch_size=batch_size, verbose=0,
@@ -344,10 +339,6 @@ def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")
     return int(value)
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def _call(callback, hook: str, *args) -> Any:

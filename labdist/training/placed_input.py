@@ -1,7 +1,10 @@
 """`fit(x, y)`'s data placed once where the replicas run (labdist/placed.py), so that each
 step sends row indices instead of rows: the driver no longer pickles and sends every group's
 batches, and the replicas no longer wait for them. The batches, their order and their shards
-are exactly those of unplaced data (the same `Batches`, holding placed arrays)."""
+are exactly those of unplaced data (the same `Batches`, holding placed arrays).
+
+Placed data also lets the replicas run the loop: an `EpochPlan` (training/epoch_plan.py) tells
+them which batches a span of the epoch holds, and each slices its own shards from it."""
 
 from __future__ import annotations
 
@@ -41,3 +44,4 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
     finally:
         for a in arrays:
             a.close()
+

@@ -14,6 +14,8 @@ import numpy as np
 
 from labdist.enums import ReduceOp
 from labdist.training import diloco, losses, overlap
+from labdist.training.epoch_plan import EpochPlan
+from labdist.training.loop_board import ReplicaBoard
 
 
 class DeviceRNG:
@@ -80,62 +82,144 @@ class TrainStep:
                                                     for i, k in names])
         return state if local or state.pending() else None
 
-    def __call__(self, shards: list[tuple], totals: list[int], first_iteration: int) -> list:
+    def __call__(self, shards: list[tuple] | EpochPlan, totals: list[int] | None = None,
+                 first_iteration: int = 0) -> Any:
         """On one mirrored replica: train on this replica's shard of each global batch
         (sizes `totals`), numbering steps from `first_iteration` + 1; returns (loss sum,
         metric sums (an array, one per compiled metric), n) per step, identical on every
-        replica. The per-step figures stay on the
-        device until the group ends: one host transfer per `steps_per_execution` steps."""
+        replica. The per-step figures stay on the device until the group ends: one host
+        transfer per `steps_per_execution` steps.
+
+        Given an `EpochPlan` instead (`shards` alone), the replica runs the plan's groups on
+        its own, slicing its shards from the placed data (`run_plan`)."""
+        if isinstance(shards, EpochPlan):
+            return self.run_plan(shards)
+        loop = _Loop(self, stop_column=False)
+        host = loop.group(iter(shards), totals, first_iteration)
+        loop.finish()
+        return [(float(row[0]), np.asarray(row[1:], np.float64), total)
+                for row, total in zip(host.tolist(), totals, strict=True)]
+
+    def run_plan(self, plan: EpochPlan) -> tuple[np.ndarray, np.ndarray]:
+        """On one mirrored replica: the plan's groups one after the other, with no driver in
+        between. After each group every replica holds the group's figures (they ride the
+        gradients' all-reduce) and replica 0 writes them to the plan's board; a stop request
+        read there (once a group, at its last step) rides the same all-reduce as a flag, so
+        every replica ends after the same group. Returns (rows: per step loss sum and metric
+        sums, samples per step) for the steps taken, identical on every replica."""
         from labdist.worker.context import current
 
         ctx = current()
-        xp = ctx.xp
-        names = [(i, k) for i, w in enumerate(self.weights) for k in w]
-        params = [{k: ctx.local_copy(v) for k, v in w.items()} for w in self.weights]
-        flat_params = [params[i][k].reshape(-1) for i, k in names]
-        flat_slots = [{s: ctx.local_copy(v).reshape(-1) for s, v in self.slots[i][k].items()}
-                      for i, k in names]
-        out = gradient_buffer(ctx, params)
+        rank, n = ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync
+        board = ReplicaBoard(plan.board, 1 + len(self.metrics), writer=rank == 0)
+        loop = _Loop(self, stop_column=True)
+        rows, totals = [], []
+        to_device = ctx.backend.to_device
+        try:
+            iteration = plan.first_iteration
+            for g, group in enumerate(plan.groups()):
+                sizes = [plan.total(b) for b in group]
+                shards = ((to_device(x), to_device(y))
+                          for x, y in (plan.shard(b, rank, n) for b in group))
+                host = loop.group(shards, sizes, iteration, stop=board.stop_requested)
+                iteration += len(group)
+                rows.append(host[:, :-1])
+                totals.extend(sizes)
+                board.record(g, float(host[:, 0].sum()), host[:, 1:-1].sum(axis=0),
+                             float(sum(sizes)), len(group))
+                if host[-1, -1] > 0:  # a stop request, seen by some replica: all end here
+                    break
+            loop.finish()
+            board.end()
+        finally:
+            board.close()
         width = 1 + len(self.metrics)
-        stats = xp.zeros(width, dtype=xp.float64)
-        history = xp.zeros((len(totals), width), dtype=xp.float64)  # stays on the device
-        sharded = False
-        local = ctx.local_sgd is not None
-        state = self.round_state(ctx, names, local)
+        out = np.concatenate(rows) if rows else np.zeros((0, width))
+        return out, np.asarray(totals, np.float64)
+
+
+class _Loop:
+    """One replica's training loop over groups of batches in one step function: the local
+    copies, flat views and the figures' buffers made once; `finish` once after the last
+    group. `stop_column`: each step's figures carry one more column, where the last step of
+    a group sums the replicas' stop requests (the driver's, read on each replica)."""
+
+    def __init__(self, step: TrainStep, stop_column: bool):
+        from labdist.worker.context import current
+
+        self.step = step
+        self.ctx = ctx = current()
+        xp = ctx.xp
+        self.names = names = [(i, k) for i, w in enumerate(step.weights) for k in w]
+        self.params = params = [{k: ctx.local_copy(v) for k, v in w.items()}
+                                for w in step.weights]
+        self.flat_params = [params[i][k].reshape(-1) for i, k in names]
+        self.flat_slots = [{s: ctx.local_copy(v).reshape(-1)
+                            for s, v in step.slots[i][k].items()} for i, k in names]
+        self.out = gradient_buffer(ctx, params)  # the gradients' persistent buffer
+        self.width = 1 + len(step.metrics)
+        self.extra = int(stop_column)
+        self.stats = xp.zeros(self.width + self.extra, dtype=xp.float64)
+        # with a stop column, the figures ride the all-reduce from a buffer of that width
+        self.rider = xp.zeros(self.width + 1, dtype=xp.float64) if stop_column else None
+        self.sharded = False
+        self.local = ctx.local_sgd is not None
+
+    def group(self, shards, totals: list[int], first_iteration: int, stop=None):
+        """Train on `shards` (this replica's (x, y) of each global batch, sizes `totals`),
+        steps numbered from `first_iteration` + 1; the group's per-step figures on the host
+        (one row a step; with a stop column, its last row's says whether to stop)."""
+        ctx, step_obj = self.ctx, self.step
+        xp, width, names = ctx.xp, self.width, self.names
+        flat_params, flat_slots = self.flat_params, self.flat_slots
+        history = xp.zeros((len(totals), width + self.extra), dtype=xp.float64)  # on the device
+        local = self.local
+        state = step_obj.round_state(ctx, names, local)
+        last = first_iteration + len(totals)
         buckets = None if local or state is not None else overlap.Buckets.make(
-            ctx, "the training step's gradients", self.optimizer, names, out, flat_params,
-            flat_slots, first_iteration + 1, apply_summed)
-        batches = zip(shards, totals, strict=True)
-        for step, ((x, y), total) in enumerate(batches, start=first_iteration + 1):
-            grads, local_stats = self.gradients(xp, ctx.backend, params, x, y,
-                                                ctx.replica_id_in_sync_group, step, total, out,
-                                                buckets)
+            ctx, "the training step's gradients", step_obj.optimizer, names, self.out,
+            flat_params, flat_slots, first_iteration + 1, apply_summed)
+        for step, ((x, y), total) in enumerate(zip(shards, totals, strict=True),
+                                               start=first_iteration + 1):
+            grads, local_stats = step_obj.gradients(xp, ctx.backend, self.params, x, y,
+                                                    ctx.replica_id_in_sync_group, step, total,
+                                                    self.out, buckets)
             grads = [grads[i][k] for i, k in names]
+            row = step - first_iteration - 1
             if local:  # this replica's own step; the figures are summed once, below
-                diloco.local_step(ctx, self.optimizer, grads, flat_params, flat_slots, step,
-                                  state, owned=True)
-                history[step - first_iteration - 1] = local_stats
+                diloco.local_step(ctx, step_obj.optimizer, grads, flat_params, flat_slots,
+                                  step, state, owned=True)
+                history[row, :width] = local_stats
                 continue
             if state is not None:  # local SGD was just turned off: close its round first
                 diloco.leave_local(ctx, flat_params, flat_slots, state)
+            rider = local_stats
+            if self.rider is not None:
+                rider = self.rider
+                rider[:width] = local_stats
+                rider[width] = float(step == last and stop())
             if buckets is not None:  # the later layers' sum is under way already
-                sharded |= buckets.finish((local_stats, stats))
+                self.sharded |= buckets.finish((rider, self.stats))
             else:
-                sharded |= apply_summed(ctx, "the training step's gradients", self.optimizer,
-                                        grads, flat_params, flat_slots, step,
-                                        rider=(local_stats, stats))
+                self.sharded |= apply_summed(ctx, "the training step's gradients",
+                                             step_obj.optimizer, grads, flat_params,
+                                             flat_slots, step, rider=(rider, self.stats))
             ctx.communication.synced_steps += 1
-            history[step - first_iteration - 1] = stats
+            history[row] = self.stats
         if state is not None:
             state.save()
         if local:
+            if self.extra:
+                history[-1, width] = float(stop())
             history = ctx.reduce_arrays("fit's loss and accuracy", [history], ReduceOp.SUM)[0]
-        slots = [a for d in flat_slots for a in d.values()]
-        if sharded and slots:  # each rank updated its own segment of the slots: make them whole
-            ctx.gather_segments("the optimizer's slots", slots)
-        host = ctx.backend.to_host(history)  # the one device -> host move of the group
-        return [(float(row[0]), np.asarray(row[1:], np.float64), total)
-                for row, total in zip(host.tolist(), totals, strict=True)]
+        return ctx.backend.to_host(history)  # the one device -> host move of the group
+
+    def finish(self) -> None:
+        """After the last group: slots that each rank updated only in its own segment (a
+        partitioned update) are made whole, once (every step of a run partitions alike)."""
+        slots = [a for d in self.flat_slots for a in d.values()]
+        if self.sharded and slots:
+            self.ctx.gather_segments("the optimizer's slots", slots)
 
 
 def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: list[dict],

@@ -147,3 +147,34 @@ def test_outside_a_step_it_says_where_it_runs(mirrored2):
         mirrored2.run(lambda: ld.optimizers.Adam().build([v]))
     with pytest.raises(TypeError, match="not an ld.Variable"):
         ld.optimizers.Adam().build([np.zeros(2)])
+
+
+def test_a_custom_loop_runs_k_steps_a_call_on_input_that_lives_on_the_replicas(mirrored2):
+    """k steps per dispatch with the iterator on the workers: a distribute_datasets_from_
+    function pipeline moves to the replicas with the first call, later calls carry no batch,
+    and the weights are those of one strategy.run per step over the same global batches."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(240, 3)).astype(np.float32)
+    Y = X @ np.array([1.0, -2.0, 0.5], np.float32)
+    weights = []
+    for k_steps in (False, True):
+        with mirrored2.scope():
+            w = ld.Variable(np.zeros(3, np.float32), aggregation="MEAN")
+        opt = ld.optimizers.SGD(0.1)
+
+        def train_step(x, y, w=w, opt=opt):
+            grad = 2 * x.T @ (x @ w.read_value() - y) / 24
+            opt.apply_gradients([(grad, w)])
+
+        if k_steps:  # each replica's batches: its 12 rows of every global batch of 24
+            data = mirrored2.distribute_datasets_from_function(
+                lambda ctx: ld.batches((X, Y), ctx.get_per_replica_batch_size(24)))
+            it = iter(data)
+            for _ in range(2):
+                mirrored2.run(lambda b: train_step(*b), args=(it,), steps=5)
+                assert it.remote_key is not None  # its pipelines live on the replicas
+        else:
+            for x, y in mirrored2.experimental_distribute_dataset(ld.batches((X, Y), 24)):
+                mirrored2.run(train_step, args=(x, y))
+        weights.append([np.asarray(c) for c in mirrored2.experimental_local_results(w)])
+    assert all(c.tobytes() == weights[0][0].tobytes() for copies in weights for c in copies)
