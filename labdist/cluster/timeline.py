@@ -42,13 +42,15 @@ def _measure(client: Any, rounds: int) -> dict[str, float]:
     return _fresh_offsets()
 
 
-def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS
-            ) -> list[dict[str, Any]]:
+def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS,
+            shifted: bool = True) -> list[dict[str, Any]]:
     """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
     process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`.
     Each process sends only its spans of the window (phases.Recorder.snapshot); offsets are
     measured again only where a worker has none from the last `OFFSET_TTL_S` seconds (a
-    timeline refreshed every second, a trace per notebook cell)."""
+    timeline refreshed every second, a trace per notebook cell). `shifted=False` leaves each
+    worker's spans on its own clock, unfiltered (a trace shifts them as it writes them: one
+    pass over the spans instead of two); the dict's `clock` says which."""
     found = []
     if client is not None:
         offsets = _fresh_offsets() or _measure(client, rounds)
@@ -59,13 +61,17 @@ def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS
                                since + min(offsets.values(), default=0.0) - MARGIN_S)
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)
+            if not shifted:
+                found.append({**snap, "name": address, "offset": off, "clock": "own"})
+                continue
             spans = [(n, s - off, e - off, t, a) for n, s, e, t, a in snap["spans"]
                      if s - off >= since]  # begun in the window
-            found.append({**snap, "name": address, "offset": off, "spans": spans})
+            found.append({**snap, "name": address, "offset": off, "spans": spans,
+                          "clock": "driver"})
     local = phases.snapshot(since)
     if all(p["pid"] != local["pid"] for p in found):  # a LocalCluster with threads: no twice
         local["spans"] = [s for s in local["spans"] if s[1] >= since]
-        found.append({**local, "name": "driver", "offset": 0.0})
+        found.append({**local, "name": "driver", "offset": 0.0, "clock": "driver"})
     return found
 
 

@@ -30,11 +30,12 @@ def chrome_trace(processes: list[dict[str, Any]], origin: float) -> dict[str, An
 
 
 def encode(processes: list[dict[str, Any]], origin: float) -> str:
-    """The trace of `processes` as Chrome Trace Event Format JSON text: one track per process
-    and thread, a complete ("X") event per span, flow arrows from a push to its apply. Each
-    span is formatted straight from its tuple into one line of text (no dict per event), its
-    args encoded once per distinct dict (a step's compute spans and a collective's wait and
-    comm share theirs); times in µs to the nanosecond."""
+    """The trace of `processes` (timeline.collect's, shifted to the driver's clock or not) as
+    Chrome Trace Event Format JSON text (unshifted spans begun before `origin` left out): one
+    track per process and thread, a complete ("X") event per span, flow arrows from a push
+    to its apply. Each span is formatted straight from its tuple into one line of text (no
+    dict per event), its args encoded once per distinct dict (a step's compute spans and a
+    collective's wait and comm share theirs); times in µs to the nanosecond."""
     dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     meta: list[str] = []
     events: list[tuple] = []  # (pid, tid, ts, -dur, text): each track in time order
@@ -54,9 +55,14 @@ def encode(processes: list[dict[str, Any]], origin: float) -> str:
             name = proc["threads"].get(tid, f"thread {tid}")
             meta.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},'
                         f'"args":{{"name":{dumps(name)}}}}}')
+        # spans on the process's own clock (collect(shifted=False)) move to the driver's here
+        own = proc.get("clock") == "own"
+        base = origin + (proc["offset"] if own else 0.0)
         for name, start, end, tid, args in proc["spans"]:
-            ts = round((start - origin) * US, 3)  # both ends rounded alike: spans that
-            dur = round(max(round((end - origin) * US, 3) - ts, 0.0), 3)  # touch still do
+            if own and start < base:  # begun before the window (collect filters the others)
+                continue
+            ts = round((start - base) * US, 3)  # both ends rounded alike: spans that
+            dur = round(max(round((end - base) * US, 3) - ts, 0.0), 3)  # touch still do
             text = encoded.get(id(args))
             if text is None:
                 text = encoded[id(args)] = dumps(args or _NO_ARGS)
@@ -120,6 +126,6 @@ def profile(path: str | os.PathLike, client: Any = None) -> Iterator[str]:
     try:
         yield path
     finally:
-        text = encode(timeline.collect(client, start), start)
+        text = encode(timeline.collect(client, start, shifted=False), start)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)  # one write of the whole text

@@ -95,7 +95,7 @@ def test_fit_bookkeeping_and_callbacks_are_driver_time(mirrored2):
     assert len(long) == 2, spans  # each epoch's end: from its last answers to what comes next
     assert "after" in long[-1][4] and "run" not in long[-1][4]  # the last: until fit returned
     runs = steps_by_run(processes)
-    assert len(runs) >= 8  # 4 groups an epoch, and the placed input's probe
+    assert len(runs) >= 3  # the placed input's probe, and one run an epoch (replicas loop)
     # the driver's time and the replicas' steps tile fit: every run's steps lie in a gap
     for steps in runs.values():
         first, last = min(s[1] for s in steps), max(s[2] for s in steps)

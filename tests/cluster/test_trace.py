@@ -174,3 +174,18 @@ def test_the_encoded_trace_is_what_was_recorded():
     (end,) = [e for e in trace["traceEvents"] if e["ph"] == "f"]
     assert (start["pid"], start["ts"], end["pid"], end["ts"]) == (11, push["ts"], 12, apply["ts"])
     assert trace["otherData"] == {"producer": "labdist", "origin_unix_s": 10.0}
+
+
+def test_a_process_on_its_own_clock_is_shifted_and_windowed_as_it_is_written():
+    """`collect(shifted=False)` leaves a worker's spans on its clock (the trace shifts them as
+    it formats them: one pass): the same events as the shifted spans give, and spans begun
+    before the window left out."""
+    from labdist.cluster.trace import encode
+
+    offset = 2.5  # this worker's clock runs 2.5 s ahead of the driver's
+    spans = [("step", 10.0, 10.004, 5, {"rank": 0}), ("wait", 10.001, 10.002, 5, None)]
+    shifted = {"pid": 11, "name": "w", "threads": {}, "spans": spans, "clock": "driver"}
+    own = {"pid": 11, "name": "w", "threads": {}, "offset": offset, "clock": "own",
+           "spans": [("step", 9.0 + offset, 9.5 + offset, 5, None)]  # before the window
+           + [(n, s + offset, e + offset, t, a) for n, s, e, t, a in spans]}
+    assert encode([own], origin=10.0) == encode([shifted], origin=10.0)
