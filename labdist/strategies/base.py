@@ -23,24 +23,19 @@ from labdist import context, nest, phases, shipping
 from labdist.cluster.trace import profile
 from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
-    CollectiveMismatchError,
-    PeerAbortedError,
     ReplicaLostError,
-    ReplicaUnresponsiveError,
 )
 from labdist.input import DistributedDataset, InputContext, shard_bounds
 from labdist.input_pipelines import DatasetsFromFunction, InputOptions
-from labdist.strategies import quorum
+from labdist.strategies import failures, quorum, regroup
 from labdist.strategies.extended import StrategyExtended
-from labdist.strategies.inputs import Inputs, uneven_pipelines
+from labdist.strategies.inputs import Inputs
 from labdist.strategies.quorum import MembershipChange, Quorum
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
 from labdist.worker.captured_strategy import CapturedStrategy, cross_replica_error
-
-_PY_SCALARS = (bool, int, float, complex)
 
 
 class Strategy:
@@ -195,100 +190,18 @@ class Strategy:
         return [self._select(result, r, "the merge_call result") for r in range(len(events))]
 
     def _fail(self, run_id: int, events, pipelines: bool = False) -> None:
-        """Some replicas failed or diverged: stop the rest, then raise the root cause (or,
-        where input lived on the replicas and only some ran out, pipelines' lengths)."""
-        errors = [e for e in events if e.kind == "error"]
-        uneven = pipelines and uneven_pipelines(events)
-        if uneven:
-            error, note = uneven, None
-        elif errors:  # a lost or silent replica explains its peers' timeouts: it comes first
-            root = min(errors, key=lambda e: (
-                not e.root_cause,
-                not isinstance(e.error, ReplicaLostError | ReplicaUnresponsiveError),
-                events.index(e)))
-            rank = events.index(root)
-            error = root.error
-            note = f"raised on {self._group.where(rank)}"
-            if not isinstance(error, Exception):  # never end the driver (sys.exit in a step)
-                error = RuntimeError(f"the step function raised {error!r}")
-        else:
-            steps = ", ".join(
-                f"replica {r}: " + (f"merge_call at collective #{e.seq}" if e.kind == "merge"
-                                    else f"finished after {e.seq} collective(s)")
-                for r, e in enumerate(events))
-            error = CollectiveMismatchError(
-                f"replicas took different paths in strategy.run ({steps}); every replica must "
-                "make the same merge_call and collective calls in the same order")
-            note = None
-        self._abort(run_id, events, error)
-        if note and note not in getattr(error, "__notes__", ()):
-            error.add_note(note)
-        raise error
+        failures.fail(self._group, run_id, events, pipelines)
 
     def _abort(self, run_id: int, events, error: BaseException) -> None:
-        """Release replicas blocked in merge_call, so the group is usable again."""
-        waiting = [r for r, e in enumerate(events) if e.kind == "merge"]
-        while waiting:
-            abort = [None] * len(events)
-            for r in waiting:
-                abort[r] = PeerAbortedError(f"aborted: {type(error).__name__}: {error}")
-            events = self._group.resume(run_id, [None] * len(events), abort, ranks=waiting)
-            waiting = [r for r, e in zip(waiting, events, strict=True) if e.kind == "merge"]
+        failures.abort(self._group, run_id, events, error)
 
     # -- values -----------------------------------------------------------------------------------
     def _select(self, tree: Any, rank: int, what: str) -> Any:
-        n = self.num_replicas_in_sync
-
-        def pick(x):
-            if isinstance(x, PerReplica):
-                if len(x) != n:
-                    raise ValueError(
-                        f"{what}: a PerReplica value has {len(x)} components but this strategy "
-                        f"has {n} replicas (was it made by another strategy?)"
-                    )
-                x = x.values[rank]
-                if isinstance(x, _PY_SCALARS):  # a per-replica number is distributed: an array
-                    x = np.asarray(x)
-            elif isinstance(x, Variable) and x.strategy_id != self._id:
-                raise ValueError(
-                    f"{what}: Variable {x.name!r} belongs to another strategy; create it "
-                    "under this strategy's scope()")
-            return x
-
-        return nest.map_structure(pick, tree)
+        return regroup.select(tree, rank, what, self.num_replicas_in_sync, self._id)
 
     def _regroup(self, per_rank: list[Any], what: str, constants: bool = False,
                  results: bool = False) -> Any:
-        """One value per replica as one structure with a PerReplica at each leaf (TF's
-        regroup). `results`: `run`'s results, where a leaf that is None everywhere stays None
-        and one replica gives a one-component PerReplica where the strategy says so."""
-        if len(per_rank) == 1 and not (results and self._wrap_single):
-            return per_rank[0]
-        return self._regroup_leaves(per_rank, what, constants, results)
-
-    def _regroup_leaves(self, per_rank: list[Any], what: str, constants: bool = False,
-                        results: bool = False) -> Any:
-        flat = [nest.flatten(v) for v in per_rank]
-        treedef = flat[0][1]
-        if any(t != treedef for _, t in flat):
-            raise ValueError(
-                f"{what} have different structures on different replicas: "
-                + "; ".join(f"replica {r}: {nest.describe(t)}" for r, (_, t) in enumerate(flat))
-            )
-        leaves = []
-        for i in range(len(flat[0][0])):
-            parts = [f[0][i] for f in flat]
-            if results and all(p is None for p in parts):
-                leaves.append(None)
-            elif isinstance(parts[0], Variable) and all(
-                    isinstance(p, Variable) and p.id == parts[0].id for p in parts):
-                leaves.append(parts[0])
-            elif constants and isinstance(parts[0], _PY_SCALARS) and all(
-                    type(p) is type(parts[0]) and p == parts[0] for p in parts):
-                leaves.append(parts[0])  # the same constant everywhere: non-distributed
-            else:
-                leaves.append(PerReplica(parts))
-        return nest.unflatten(treedef, leaves)
+        return regroup.regroup(per_rank, what, constants, results, self._wrap_single)
 
     def _emit_warnings(self, events) -> None:
         seen = set()
@@ -308,8 +221,8 @@ class Strategy:
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
         if n == 1 and not self._wrap_single:
             return values[0]
-        return self._regroup_leaves(values, "experimental_distribute_values_from_function's "
-                                    "values")
+        return regroup.regroup_leaves(values, "experimental_distribute_values_from_function's "
+                                      "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
         """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
