@@ -30,7 +30,8 @@ from labdist.input_pipelines import DatasetsFromFunction, InputOptions
 from labdist.strategies import failures, quorum, regroup
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs
-from labdist.strategies.quorum import MembershipChange, Quorum
+from labdist.strategies.quorum import Quorum
+from labdist.strategies.quorum_methods import QuorumMethods
 from labdist.strategies.reduce import reduce_value
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
@@ -38,7 +39,7 @@ from labdist.worker import context as worker_context
 from labdist.worker.captured_strategy import CapturedStrategy, cross_replica_error
 
 
-class Strategy:
+class Strategy(QuorumMethods):
     """The tf.distribute-shaped API over a replica group."""
 
     # TF's MirroredStrategy gives a one-component per-replica value with one replica;
@@ -347,53 +348,6 @@ class Strategy:
             raise RuntimeError(f"{self!r} does not run training loops on its replicas; "
                                "use train_model_steps")
         return self.experimental_local_results(self.run(step, args=(plan,)))[0]
-
-    @property
-    def fault_tolerance(self) -> str:
-        """"quorum" (training goes on among the replicas alive) or "none"."""
-        return "none" if self._quorum is None else "quorum"
-
-    def run_transaction(self, fn: Callable, args_for: Callable[[int], tuple],
-                        step: int = 0) -> list[Any]:
-        """Run `fn(*args_for(n))` once on each of the n replicas and return each replica's
-        result, in replica order (a list, as `experimental_local_results` gives). For a step
-        whose arguments depend on how many replicas share it (the lab's: a global batch
-        split in n). In quorum mode the run is a transaction: joined workers are taken in
-        first, and a replica lost meanwhile leaves the survivors to finish or redo it
-        (`args_for` is called again with fewer), so the list is shorter; `step` is the step
-        number membership changes report. Otherwise it is `run`."""
-        self._check_open()
-        if self._quorum is not None:
-            return quorum.run_step(self, self._quorum, fn, args_for, step)
-        with self._lock:
-            out = self.run(fn, args=args_for(self.num_replicas_in_sync))
-        return list(zip(*(self.experimental_local_results(o) for o in out), strict=True)) \
-            if isinstance(out, tuple) else list(self.experimental_local_results(out))
-
-    def add_local_replica(self) -> None:
-        """Quorum mode on an embedded cluster: start one more worker, which becomes a replica
-        at the next step boundary (with its copies from a live peer)."""
-        self._check_open()
-        if self._quorum is None:
-            raise RuntimeError(f"{self!r} is not in quorum mode: only quorum training takes "
-                               "in new replicas; use fault_tolerance='quorum'")
-        quorum.add_local_worker(self, self._quorum)
-
-    @property
-    def membership_changes(self) -> list[MembershipChange]:
-        """Quorum training's membership changes so far, oldest first (empty otherwise)."""
-        return [] if self._quorum is None else list(self._quorum.changes)
-
-    def add_membership_listener(self, fn: Callable[[MembershipChange], Any]
-                                ) -> Callable[[], None]:
-        """Call `fn(change)` (a `MembershipChange`) each time quorum training changes the
-        replicas; returns the function that stops it. Without quorum mode nothing changes
-        them, and `fn` is never called."""
-        if not callable(fn):
-            raise TypeError(f"fn={fn!r} is not allowed; use a callable")
-        if self._quorum is None:
-            return lambda: None
-        return self._quorum.add_listener(fn)
 
     def refresh(self) -> bool:
         """Re-form on the cluster's workers if they changed (MultiWorkerMirroredStrategy);
