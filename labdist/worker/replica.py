@@ -26,12 +26,13 @@ from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
 from labdist.shipping import picklable_error
-from labdist.worker import handover, metrics
+from labdist.worker import metrics
 from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
 from labdist.worker.lifetime import DriverWatch, logger
 from labdist.worker.loaded import LoadedFunctions
+from labdist.worker.quorum_hooks import QuorumHooks
 from labdist.worker.step_event import StepEvent, encode, step_error
 from labdist.worker.step_report import StepLog, StepReporter
 from labdist.worker.undo import UndoLog
@@ -199,7 +200,7 @@ class ReplicaCore:
         return nest.map_structure(move, tree)
 
 
-class Replica:
+class Replica(QuorumHooks):
     """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
 
     def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
@@ -318,28 +319,6 @@ class Replica:
         if self._lane is not None:
             self._lane.close()
             self._lane = None
-
-    # -- quorum training (cluster/membership.py) -------------------------------------------------
-    async def keep_undo(self) -> None:
-        """From now on, snapshot the variables at the start of every run (UndoLog)."""
-        if self.core.undo is None:
-            self.core.undo = UndoLog()
-
-    async def rollback(self, run_id: int) -> bool:
-        """Return to the state before run `run_id` (False: this replica never started it)."""
-        return self.core.undo is not None and self.core.undo.restore(self.core.values, run_id)
-
-    async def handover(self, token: str) -> None:
-        """Park this replica's copies in the process for its successor (`adopt`)."""
-        handover.park(token, self.core.values)
-
-    async def adopt(self, token: str) -> int:
-        """Take the copies a predecessor on this worker parked; how many there were."""
-        values = handover.take(token)
-        if values is None:
-            raise RuntimeError(f"{self.where} found no variables handed over to it ({token})")
-        self.core.values = values
-        return len(values)
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
