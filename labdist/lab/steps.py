@@ -169,3 +169,17 @@ def reset_round(outer) -> None:
     ctx = get_replica_context()
     for v in (outer.since, outer.split):
         ctx.local_copy(v)[...] = 0
+
+
+def fresh_communication(outers: list) -> None:
+    """(a step of its own, at the lab's start and reset) Start the lab's communication state
+    afresh, as the values do: no error-feedback residual owed and no PowerSGD warm-start
+    factor for its gradients or DiLoCo's pseudo-gradients, and every round state of `outers`
+    (`OuterVariables`) back to none: no round open, no rounds counted, no outer velocity."""
+    from labdist.training import diloco
+
+    ctx = get_replica_context()
+    ctx.communication.clear((GRADIENTS, diloco.WHAT))
+    for outer in outers:
+        for v in outer.variables().values():
+            ctx.local_copy(v)[...] = 0

@@ -44,11 +44,12 @@ class Communication:
         elif closing is not None:
             self.closing = closing
 
-    def clear(self) -> None:
-        """Start the communication state afresh (the lab's reset): no error-feedback
-        residuals owed, no PowerSGD warm-start factors. The counters go on."""
-        self.comm.compression.residuals.clear()
-        self.comm.compression.factors.clear()
+    def clear(self, whats: tuple[str, ...]) -> None:
+        """Start the state of collectives `whats` afresh (the lab's start and reset): no
+        error-feedback residuals owed, no PowerSGD warm-start factors. The counters go on."""
+        state = self.comm.compression
+        state.residuals = {k: v for k, v in state.residuals.items() if k[0] not in whats}
+        state.factors = {k: v for k, v in state.factors.items() if k[0] not in whats}
 
     def owes(self, what: str) -> bool:
         """Whether error-feedback residuals of collective `what` wait to go out."""
