@@ -61,7 +61,7 @@ class Modes:
         self.configure(config)
 
     def fresh(self) -> None:
-        """The lab's reset: forget what the modes carried from before (residuals owed,
+        """The lab's start and reset: forget what the modes carried from before (residuals owed,
         warm-start factors, DiLoCo's rounds and outer momentum), as the values go back to
         their start. The settings stay."""
         self.strategy.run(steps.fresh_communication, args=(list(self._outers.values()),))

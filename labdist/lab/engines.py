@@ -184,7 +184,7 @@ class MirroredEngine:
         return []
 
     def fresh(self) -> None:
-        """The lab's reset: the communication modes start afresh (`Modes.fresh`)."""
+        """The lab's start and reset: the communication modes start afresh (`Modes.fresh`)."""
         self.modes.fresh()
 
     def leave(self, config: RunConfig) -> None:

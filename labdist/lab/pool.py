@@ -108,7 +108,7 @@ class StrategyPool:
         return self._engines[key]
 
     def fresh(self) -> None:
-        """The lab's reset: every engine made so far starts its communication state afresh."""
+        """The lab's start and reset: every engine made so far starts its modes afresh."""
         for engine in self._engines.values():
             engine.fresh()
 
