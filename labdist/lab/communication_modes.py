@@ -60,6 +60,13 @@ class Modes:
         self._owed = False
         self.configure(config)
 
+    def fresh(self) -> None:
+        """The lab's start and reset: forget what the modes carried from before (residuals owed,
+        warm-start factors, DiLoCo's rounds and outer momentum), as the values go back to
+        their start. The settings stay."""
+        self.strategy.run(steps.fresh_communication, args=(list(self._outers.values()),))
+        self._owed = False
+
     def configure(self, config: RunConfig) -> None:
         """Set what changed on the strategy (each setter runs as a step of its own)."""
         if config.communicates_less and self.outer is None:  # DiLoCo's round state, once

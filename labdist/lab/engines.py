@@ -183,6 +183,10 @@ class MirroredEngine:
     def drain(self) -> list[StepRecord]:
         return []
 
+    def fresh(self) -> None:
+        """The lab's start and reset: the communication modes start afresh (`Modes.fresh`)."""
+        self.modes.fresh()
+
     def leave(self, config: RunConfig) -> None:
         """Before a switch reads `copies()`: close a DiLoCo round in progress with its outer
         step and send the error-feedback residuals owed (`Modes.settle`), so the copies that

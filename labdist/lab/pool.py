@@ -107,6 +107,11 @@ class StrategyPool:
                 self._engines[key] = ParameterServerEngine(strategy, model, spec)
         return self._engines[key]
 
+    def fresh(self) -> None:
+        """The lab's start and reset: every engine made so far starts its modes afresh."""
+        for engine in self._engines.values():
+            engine.fresh()
+
     def close(self) -> None:
         for engine in self._engines.values():
             engine.close()

@@ -149,6 +149,10 @@ class ParameterServerEngine:
         with contextlib.suppress(BaseException):
             self.coordinator.join()  # TF raises a failure once: here, not on the next run
 
+    def fresh(self) -> None:
+        """The lab's reset: nothing carried between steps here (pushes are not compressed in
+        the lab)."""
+
     def leave(self, config: RunConfig) -> None:
         """Nothing to settle before a switch: pushes are not compressed in the lab."""
 

@@ -308,9 +308,11 @@ class Runner:
 
     # -- boundaries ---------------------------------------------------------------------------
     def start(self, config: RunConfig) -> None:
-        """(runner thread) The first engine, from the model's initial parameters."""
+        """(runner thread) The first engine, from the model's initial parameters, with the
+        communication modes' state fresh on every engine (residuals, DiLoCo rounds)."""
         self.config = config
         self.engine = self.pool.engine(config.strategy_key, self.model, self.spec)
+        self.pool.fresh()
         init = self.spec.flatten(self.model.init_params())
         self.engine.use(config, self._copies_for(config, [init] * self.n))
         self.link.configure(config, self.engine)
@@ -359,7 +361,7 @@ class Runner:
 
     def reset(self) -> None:
         """(runner thread, from a call) Back to the initial parameters at step 0 (a diverged
-        run too)."""
+        run too), and the communication modes' state with them (`start`)."""
         self.batches.reset()
         self.history.clear()
         self.completed = self._submitted = 0

@@ -122,6 +122,8 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
         def update(j, lo, hi, summed):
             params[j][lo:hi] -= scale * summed
 
+        # in their shapes (PowerSGD approximates the matrices), as error feedback keys them
+        grads = [g.reshape(w.shape) for g, w in zip(grads, ws, strict=True)]
         if ctx.reduce_apply(GRADIENTS, grads, params, update,
                             gradients=len(grads)):
             ctx.gather_segments("the lab's updated weights", params)
@@ -153,7 +155,7 @@ def closing_step(variables: dict[str, Any], outer, lr: float, mean: bool) -> np.
             state.save()
     if ctx.communication.owes(GRADIENTS):  # the same on every replica: they summed alike
         scale = lr / ctx.num_replicas_in_sync if mean else lr
-        zeros = [ctx.xp.zeros_like(p) for p in params]
+        zeros = [ctx.xp.zeros(w.shape, p.dtype) for w, p in zip(ws, params, strict=True)]
 
         def update(j, lo, hi, summed):
             params[j][lo:hi] -= scale * summed
@@ -169,3 +171,17 @@ def reset_round(outer) -> None:
     ctx = get_replica_context()
     for v in (outer.since, outer.split):
         ctx.local_copy(v)[...] = 0
+
+
+def fresh_communication(outers: list) -> None:
+    """(a step of its own, at the lab's start and reset) Start the lab's communication state
+    afresh, as the values do: no error-feedback residual owed and no PowerSGD warm-start
+    factor for its gradients or DiLoCo's pseudo-gradients, and every round state of `outers`
+    (`OuterVariables`) back to none: no round open, no rounds counted, no outer velocity."""
+    from labdist.training import diloco
+
+    ctx = get_replica_context()
+    ctx.communication.clear((GRADIENTS, diloco.WHAT))
+    for outer in outers:
+        for v in outer.variables().values():
+            ctx.local_copy(v)[...] = 0

@@ -36,6 +36,9 @@ class CommunicationModes:
 
     _compressor: compressors.Compressor | None = None
     _local_sgd: LocalSGD | None = None
+    # the last local-SGD settings in force: a re-formed group gets them, so a round left open
+    # when local SGD was turned off still closes with its outer step (not plain averaging)
+    _closing: LocalSGD | None = None
 
     def _init_communication(self, compression: Any, local_steps: Any,
                             outer_optimizer: Any) -> tuple:
@@ -43,8 +46,13 @@ class CommunicationModes:
         return compressors.parse(compression), check_local_sgd(local_steps, outer_optimizer)
 
     def _send_communication(self) -> None:
-        if self._compressor is not None or self._local_sgd is not None:
-            self.run(replica_side.configure, args=(self._compressor, self._local_sgd))
+        """To every replica (new ones after a re-forming): the modes in force and the last
+        local-SGD settings, which close a round still open."""
+        if self._local_sgd is not None:
+            self._closing = self._local_sgd
+        if self._compressor is not None or self._closing is not None:
+            self.run(replica_side.configure,
+                     args=(self._compressor, self._local_sgd, self._closing))
 
     @property
     def compression(self) -> compressors.Compressor | None:
@@ -56,7 +64,7 @@ class CommunicationModes:
     @compression.setter
     def compression(self, value: Any) -> None:
         compressor = compressors.parse(value)
-        self.run(replica_side.configure, args=(compressor, self._local_sgd))
+        self.run(replica_side.configure, args=(compressor, self._local_sgd, self._closing))
         self._compressor = compressor
 
     @property
@@ -74,8 +82,10 @@ class CommunicationModes:
         next step boundary. Turning it off closes a round in progress with its outer step
         first; a new H applies to the round in progress (it closes once H steps are done)."""
         settings = check_local_sgd(local_steps, outer_optimizer)
-        self.run(replica_side.configure, args=(self._compressor, settings))
+        self.run(replica_side.configure, args=(self._compressor, settings, self._closing))
         self._local_sgd = settings
+        if settings is not None:
+            self._closing = settings
 
     def communication_stats(self) -> list[dict[str, Any]]:
         """Per replica: `bytes_sent` (array bytes sent to peers by every collective so far),

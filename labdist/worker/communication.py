@@ -33,11 +33,23 @@ class Communication:
         self.outer_steps = 0  # rounds closed (outer optimizer steps)
         self.synced_steps = 0  # steps whose gradients were all-reduced
 
-    def configure(self, compressor, local_sgd: LocalSGD | None) -> None:
+    def configure(self, compressor, local_sgd: LocalSGD | None,
+                  closing: LocalSGD | None = None) -> None:
+        """`closing`: the strategy's last local-SGD settings, for a replica of a re-formed
+        group (which starts with none) to close a round left open with its outer step."""
         self.comm.compression.set(compressor)
         self.local_sgd = local_sgd
         if local_sgd is not None:
             self.closing = local_sgd
+        elif closing is not None:
+            self.closing = closing
+
+    def clear(self, whats: tuple[str, ...]) -> None:
+        """Start the state of collectives `whats` afresh (the lab's start and reset): no
+        error-feedback residuals owed, no PowerSGD warm-start factors. The counters go on."""
+        state = self.comm.compression
+        state.residuals = {k: v for k, v in state.residuals.items() if k[0] not in whats}
+        state.factors = {k: v for k, v in state.factors.items() if k[0] not in whats}
 
     def owes(self, what: str) -> bool:
         """Whether error-feedback residuals of collective `what` wait to go out."""
@@ -52,9 +64,9 @@ class Communication:
                 "synced_steps": self.synced_steps}
 
 
-def configure(compressor, local_sgd: LocalSGD | None) -> None:
+def configure(compressor, local_sgd: LocalSGD | None, closing: LocalSGD | None = None) -> None:
     """On every replica, as a step: switch its communication modes."""
-    current().communication.configure(compressor, local_sgd)
+    current().communication.configure(compressor, local_sgd, closing)
 
 
 def stats() -> dict[str, Any]:

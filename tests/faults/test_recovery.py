@@ -76,3 +76,35 @@ def test_recovered_replicas_get_the_modes_in_force_not_the_constructors():
 
         got = strategy.experimental_local_results(strategy.run(modes))
         assert got and all(m == (ld.compression.TopK(0.05), 4) for m in got)
+
+
+def test_a_round_left_open_by_turning_local_sgd_off_closes_with_its_outer_step_after_recover():
+    """Local SGD with outer SGD(0.5): two inner steps of +1, then local SGD off, then a worker
+    lost and `recover()`. The re-formed replicas get the last local-SGD settings, so the first
+    synchronous step closes the open round with its outer step (+2 x 0.5) before its own +1:
+    every update counted once, with the outer step it was owed (plain averaging: 3)."""
+    with ld.MirroredStrategy(num_replicas=2, collective_timeout=20, local_steps=4,
+                             outer_optimizer=ld.optimizers.SGD(0.5)) as strategy:
+        with strategy.scope():
+            w = ld.Variable(np.zeros(4, np.float32), name="w")
+            optimizer = ld.optimizers.SGD(1.0)
+            optimizer.build([w])
+
+        def step():  # the gradients sum to -1: +1 a synchronous step, +1 an inner one
+            n = ld.get_replica_context().num_replicas_in_sync
+            optimizer.apply_gradients([(np.full(4, -1.0 / n, np.float32), w)])
+
+        strategy.run(step)
+        strategy.run(step)
+        strategy.set_local_sgd(None)
+        pids = strategy.experimental_local_results(strategy.run(os.getpid))
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not strategy.recover():
+            assert time.monotonic() < deadline, "the lost replica was never noticed"
+            time.sleep(0.2)
+        strategy.run(step)
+        for copy in strategy.experimental_local_results(w):
+            np.testing.assert_allclose(copy, np.full(4, 2.0))
+        stats = strategy.communication_stats()
+        assert all(s["outer_steps"] == 1 and s["synced_steps"] == 1 for s in stats)

@@ -430,6 +430,9 @@ class _OneEngine:
     def engine(self, key, model, spec):
         return self.only
 
+    def fresh(self):  # a pool's: the engines' communication state afresh (none here)
+        pass
+
 
 def test_a_failure_found_at_a_boundary_still_answers_the_calls_waiting_there():
     """The error stops the run; a call queued for that boundary (e.g. a reset) still runs,

@@ -14,6 +14,7 @@ import pytest
 from clusters import local_client
 
 import labdist as ld
+from labdist.collectives.compression import initial_q
 
 SIZE = 1000
 
@@ -239,3 +240,84 @@ def test_the_compressor_switched_after_a_worker_was_lost_is_what_the_others_use(
         after = s.push_stats()[0]
         assert after["raw_bytes"] - before[0]["raw_bytes"] == 4 * SIZE * 4
         assert after["sent_bytes"] - before[0]["sent_bytes"] == 4 * SIZE * 0.01 * 8
+
+
+def warm_start_factors(client, worker: str) -> dict[int, np.ndarray]:
+    """PowerSGD's warm-start factors, per variable, of the parameter-server worker actor on
+    `worker` (read in its process: a worker does not report them)."""
+    def read(dask_worker):
+        from labdist.worker.ps.worker import ParameterServerWorker
+
+        (actor,) = [a for a in dask_worker.state.actors.values()
+                    if isinstance(a, ParameterServerWorker)]
+        return {v: q.copy() for v, q in actor.compression.factors.items()}
+
+    return client.run(read, workers=[worker])[worker]
+
+
+def power_step(m: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One power-iteration step (numpy, written here): P = orthonormal(M Q), Q' = M^T P."""
+    p = m @ q
+    for j in range(p.shape[1]):
+        for i in range(j):
+            p[:, j] -= (p[:, i] @ p[:, j]) * p[:, i]
+        p[:, j] /= np.sqrt(p[:, j] @ p[:, j]) + 1e-30
+    return p, m.T @ p
+
+
+@pytest.mark.timeout(180)
+def test_powersgd_warm_start_factors_advance_only_with_a_push_that_landed():
+    """Two parameter servers, one push carrying an update for each, one server lost before
+    the push reaches it: the variable whose update landed warm-starts its next push from
+    the new factor; the other's factor stays as it was before the push (what a retry starts
+    from), as its residual does."""
+    rng = np.random.default_rng(5)
+    u1, v1, u2, v2 = (rng.standard_normal((40, 25)).astype(np.float32) for _ in range(4))
+    with local_client(3) as client, ld.ParameterServerStrategy(
+            client, num_workers=1, num_ps=2, mode="sync", transport="tcp",
+            compression=ld.compression.PowerSGD(2)) as s:
+        with s.scope():
+            a = ld.Variable(np.zeros((40, 25), np.float32), name="a")
+            b = ld.Variable(np.zeros((40, 25), np.float32), name="b")
+        assert [s.parameter_server_of(v) for v in (a, b)] == [0, 1]
+        doomed = s.parameter_servers[1]
+        pid = client.run(os.getpid, workers=[doomed])[doomed]
+        coordinator = ld.ClusterCoordinator(s)
+
+        def first():
+            a.assign_sub(u1, read_value=False)
+            b.assign_sub(v1, read_value=False)
+
+        def second():
+            a.assign_sub(u2, read_value=False)
+            b.assign_sub(v2, read_value=False)
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.05)
+
+        coordinator.schedule(first)
+        coordinator.join()
+        before = warm_start_factors(client, s.workers[0])
+        assert sorted(before) == sorted([a.id, b.id])
+        coordinator.schedule(second)
+        with pytest.raises(ld.ParameterServerLostError, match=re.escape(doomed)):
+            coordinator.join()
+        q_a = before[a.id]
+        p1, q1 = power_step(u1, initial_q(25, 2, a.id).astype(np.float32))
+        np.testing.assert_allclose(q_a, q1, rtol=1e-4, atol=1e-4)
+        _, q2 = power_step(u2 + (u1 - p1 @ q1.T), q1)  # a's second push: warm-started
+        deadline = time.monotonic() + 60
+        while True:  # the driver knew of the loss first: the worker's push may be under way
+            after = warm_start_factors(client, s.workers[0])
+            if not np.array_equal(after[a.id], q_a) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        np.testing.assert_array_equal(after[b.id], before[b.id])  # not landed: as it was
+        np.testing.assert_allclose(after[a.id], q2, rtol=1e-4, atol=1e-4)  # landed: moved on
+        (st,) = s.push_stats()
+        assert st["raw_bytes"] == 3 * 40 * 25 * 4  # the updates that landed, each once

@@ -57,10 +57,12 @@ def unpack(items: list[tuple]) -> list[tuple]:
 @dataclass
 class Pending:
     """What one push owes error feedback until it is known to have landed, per variable:
-    the residual it took, the residual it leaves, and its (raw, sent) bytes."""
+    the residual it took, the residual it leaves, PowerSGD's next warm-start factor, and its
+    (raw, sent) bytes."""
 
     taken: dict[int, np.ndarray] = field(default_factory=dict)
     new: dict[int, np.ndarray] = field(default_factory=dict)
+    factors: dict[int, np.ndarray] = field(default_factory=dict)
     bytes: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def count(self, var_id: int, raw: int, sent: int) -> None:
@@ -111,7 +113,8 @@ class PushCompression:
                 raise
 
     def commit(self, pending: Pending, var_ids) -> None:
-        """The updates of `var_ids` landed: their new residuals and bytes count."""
+        """The updates of `var_ids` landed: their new residuals, warm-start factors and bytes
+        count."""
         with self._lock:
             for v in var_ids:
                 raw, sent = pending.bytes.pop(v, (0, 0))
@@ -119,15 +122,19 @@ class PushCompression:
                 self.sent_bytes += sent
                 if v in pending.new:
                     self._add(v, pending.new.pop(v))
+                if v in pending.factors:
+                    self.factors[v] = pending.factors.pop(v)
                 pending.taken.pop(v, None)
 
     def abort(self, pending: Pending, var_ids) -> None:
         """The updates of `var_ids` did not land (a lost parameter server): the residuals
-        they took are owed again, as they were, so a retry neither loses nor repeats them."""
+        they took are owed again, as they were, and PowerSGD's warm-start factors stay as they
+        were, so a retry neither loses nor repeats anything and starts where this push did."""
         with self._lock:
             for v in var_ids:
                 pending.bytes.pop(v, None)
                 pending.new.pop(v, None)
+                pending.factors.pop(v, None)
                 if v in pending.taken:
                     self._add(v, pending.taken.pop(v))
 
@@ -154,7 +161,7 @@ class PushCompression:
             if not comp.compresses(m.shape):  # vectors travel as they are
                 pending.count(var_id, a.nbytes, m.nbytes)
                 return var_id, kind, m, agg
-            payload, residual = self._power(comp, var_id, m)
+            payload, residual = self._power(comp, pending, var_id, m)
         else:
             payload, sent = comp.encode(np, m, var_id)
             residual = comp.residual(np, m, payload, sent)
@@ -164,15 +171,19 @@ class PushCompression:
         pending.count(var_id, a.nbytes, array_bytes(payload))
         return var_id, kind, packed, agg
 
-    def _power(self, comp: PowerSGD, var_id: int, m: np.ndarray) -> tuple[tuple, np.ndarray]:
+    def _power(self, comp: PowerSGD, pending: Pending, var_id: int, m: np.ndarray
+               ) -> tuple[tuple, np.ndarray]:
         """One power-iteration step on this worker's own update (no peers to sum with):
-        P = orthonormal(M Q), Q' = M^T P; sent (P, Q'), the update ~ P Q'^T."""
+        P = orthonormal(M Q), Q' = M^T P; sent (P, Q'), the update ~ P Q'^T. Q' warm-starts
+        the variable's next push once this one lands (`commit`)."""
         mat = m.reshape(m.shape[0], -1)
         rank = min(comp.rank, *mat.shape)
-        q = self.factors.get(var_id)
+        q = pending.factors.get(var_id)  # the same variable written twice in one push
+        if q is None:
+            q = self.factors.get(var_id)
         if q is None or q.shape != (mat.shape[1], rank):
             q = initial_q(mat.shape[1], rank, var_id).astype(mat.dtype)
         p = orthonormal_columns(np, mat @ q)
         q = mat.T @ p
-        self.factors[var_id] = q
+        pending.factors[var_id] = q
         return (p, q), (mat - p @ q.T).reshape(m.shape)
