@@ -10,9 +10,9 @@ then), so the driver only joins ready text instead of unpickling and formatting 
 from __future__ import annotations
 
 import json
-from bisect import bisect_right
-from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from labdist import phases
 
@@ -20,17 +20,40 @@ US = 1e6
 NS = 1e9  # a span's times in integer ns after the origin (µs to 3 decimals)
 _SLACK = 1e-15  # a product this near a half (a few ulps) is rounded the exact way
 _NO_ARGS: dict = {}
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# json's C encoder made once (JSONEncoder.encode makes one a call: most of a small dict's
+# cost); the same text, without the circular-reference check a span's flat args never need
+_encoder = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _json.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
 
 
-_order = itemgetter(0, 1, 2)
+def _dumps(value: Any) -> str:
+    return "".join(_encoder(value, 0)) if _encoder else _json.encode(value)
 
 
-def _ns(seconds: float) -> int:
-    """round(seconds * 1e6, 3) * 1000 as an int, the exact rule: for a time whose ns lie
-    within rounding error of a half (elsewhere `round(seconds * 1e9)` is the same, and a
-    third of the cost; three round(x, 3) a span were a third of formatting it)."""
-    return round(round(seconds * US, 3) * 1000.0)
+def _ns(seconds: np.ndarray) -> np.ndarray:
+    """round(seconds * 1e6, 3) * 1000 as integers: `rint(seconds * 1e9)` is the same and far
+    cheaper, except for a product within its rounding error of a half, where the exact rule
+    decides (round(x, 3) three times a span was a third of the formatting)."""
+    scaled = seconds * NS
+    out = np.rint(scaled)
+    near = np.flatnonzero(np.abs(np.abs(scaled - out) - 0.5) <= _SLACK * (np.abs(scaled) + 1))
+    for i in near.tolist():
+        out[i] = round(round(float(seconds[i]) * US, 3) * 1000.0)
+    return out.astype(np.int64)
+
+
+def _after(order: list[int], tids: tuple, ts: list[float], cut: tuple, lo: int) -> int:
+    """The position in `order` of the first event after `cut` (thread, µs), from `lo`."""
+    hi = len(order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        i = order[mid]
+        if cut < (tids[i], ts[i]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def fragment(spans: list[tuple], pid: int, name: str, threads: dict[int, str], base: float,
@@ -50,50 +73,48 @@ def fragment(spans: list[tuple], pid: int, name: str, threads: dict[int, str], b
     thread_meta = [f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},'
                    f'"args":{{"name":{_dumps(threads.get(tid, f"thread {tid}"))}}}}}'
                    for tid in sorted({s[3] for s in spans})]
-    events: list[tuple] = []  # (tid, ts in ns, -dur in ns, text)
     ends: list[tuple] = []
-    encoded: dict[int, str] = {}  # a step's compute spans, a collective's wait and comm: one
-    heads: dict[tuple, str] = {}  # (name, thread) -> an event's text up to its time
-    append = events.append
-    for name_, start, end, tid, args in spans:
-        if windowed and start < base:  # begun before the window
-            continue
-        # µs to the nanosecond, both ends rounded alike (spans that touch still do): ts is
-        # round((start - base) * 1e6, 3), dur round(max(end's - ts, 0), 3), in integer ns
-        scaled = (start - base) * NS
-        ns = round(scaled)
-        if abs(abs(scaled - ns) - 0.5) <= _SLACK * (abs(scaled) + 1.0):  # near a half:
-            ns = _ns(start - base)  # as round(x, 3) decides
-        scaled = (end - base) * NS
-        dur = round(scaled)
-        if abs(abs(scaled - dur) - 0.5) <= _SLACK * (abs(scaled) + 1.0):
-            dur = _ns(end - base)
-        dur = dur - ns if dur > ns else 0
-        text = encoded.get(id(args))
-        if text is None:
-            text = encoded[id(args)] = _dumps(args or _NO_ARGS)
-        head = heads.get((name_, tid))
-        if head is None:
-            head = heads[(name_, tid)] = (f'{{"name":"{name_}","cat":"labdist","ph":"X",'
-                                          f'"pid":{pid},"tid":{tid},"ts":')
-        ts = ns / 1000  # correctly rounded: the float round(..., 3) gives
-        append((tid, ns, -dur, f'{head}{ts!r},"dur":{dur / 1000!r},"args":{text}}}'))
-        if (name_ == "push" or name_ == "apply") and args and args.get("flow") is not None:
-            ends.append((name_, args["flow"], tid, ts))
-    events.sort(key=_order)  # stable: spans alike stay in recorded order
-    texts = [e[3] for e in events]
-    cuts = sorted({(tid, ts) for _, _, tid, ts in ends})
-    pieces = []
-    if cuts:
-        keys = [(e[0], e[1] / 1000) for e in events]
+    pieces: list[str] = []
+    cuts: list[tuple] = []
+    if spans:
+        names, starts, stops, tids, argss = zip(*spans, strict=True)
+        begun = np.array(starts) - base
+        ns, dur = _ns(begun), _ns(np.array(stops) - base)  # µs to the nanosecond, both ends
+        dur -= ns  # rounded alike (spans that touch still do)
+        np.maximum(dur, 0, out=dur)
+        tid_array = np.array(tids, dtype=np.int64)
+        kept = np.flatnonzero(begun >= 0) if windowed else np.arange(len(spans))  # the window
+        # each track in time order, an enclosing span first, spans alike in recorded order
+        order = kept[np.lexsort((-dur[kept], ns[kept], tid_array[kept]))].tolist()
+        ts_list, dur_list = (ns / 1000).tolist(), (dur / 1000).tolist()  # as round(., 3)
+        encoded: dict[int, str] = {}  # a step's compute spans, a collective's wait and comm
+        heads: dict[tuple, str] = {}  # (name, thread) -> an event's text up to its time
+        texts = []
+        for i in order:
+            args = argss[i]
+            text = encoded.get(id(args))
+            if text is None:
+                text = encoded[id(args)] = _dumps(args or _NO_ARGS)
+            head = heads.get((names[i], tids[i]))
+            if head is None:
+                head = heads[(names[i], tids[i])] = (
+                    f'{{"name":"{names[i]}","cat":"labdist","ph":"X","pid":{pid},'
+                    f'"tid":{tids[i]},"ts":')
+            texts.append(f'{head}{ts_list[i]!r},"dur":{dur_list[i]!r},"args":{text}}}')
+        for i in kept.tolist():
+            if names[i] == "push" or names[i] == "apply":
+                args = argss[i]
+                if args and args.get("flow") is not None:
+                    ends.append((names[i], args["flow"], tids[i], ts_list[i]))
+        cuts = sorted({(tid, ts) for _, _, tid, ts in ends})
         at = 0
         for cut in cuts:  # a flow event sorts after the track's events begun at or before it
-            to = bisect_right(keys, cut)
+            to = _after(order, tids, ts_list, cut, at)
             pieces.append(",".join(texts[at:to]))
             at = to
         pieces.append(",".join(texts[at:]))
     else:
-        pieces.append(",".join(texts))
+        pieces.append("")
     return {"pid": pid, "process": process, "threads": thread_meta, "pieces": pieces,
             "cuts": cuts, "ends": ends}
 
