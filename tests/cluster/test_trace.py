@@ -239,3 +239,29 @@ def test_worker_formatted_flows_are_the_driver_formatted_ones():
     events = json.loads(on_workers)["traceEvents"]
     validate({"traceEvents": events})
     assert sum(e["ph"] == "s" for e in events) >= 12  # an arrow from every push
+
+
+def test_span_times_are_rounded_to_the_nanosecond_as_round_does():
+    """The formatter rounds times with integers (fast) but must give what round(µs, 3)
+    gives, ties to even included: random times, and times whose µs end in a half ns."""
+    import random
+
+    from labdist.trace_events import fragment
+
+    rng = random.Random(7)
+    base = 1.7e9 + rng.random()
+    starts = [base + rng.random() * 100 for _ in range(2000)]
+    halves = [y for y in (k + 0.0625 * j for k in range(0, 4000, 37) for j in (1, 3, 5, 7, 9))
+              if (y / 1e6) * 1e6 == y]  # µs ending in .0625 etc.: ties at the ns
+    spans = [("step", s, s + rng.random() * 1e-3, 1, None) for s in starts]
+    spans += [("step", y / 1e6, (y + 0.0625 * 3) / 1e6, 2, None) for y in halves]
+    got = fragment(spans[:2000], 1, "w", {}, base, True)["pieces"]
+    got += fragment(spans[2000:], 1, "w", {}, 0.0, True)["pieces"]
+    events = json.loads("[" + ",".join(got) + "]")
+    expected = []
+    for origin, part in ((base, spans[:2000]), (0.0, spans[2000:])):
+        for _, s, e, tid, _ in part:
+            ts = round((s - origin) * 1e6, 3)
+            expected.append((tid, ts, round(max(round((e - origin) * 1e6, 3) - ts, 0.0), 3)))
+    assert len(halves) > 100
+    assert sorted((e["tid"], e["ts"], e["dur"]) for e in events) == sorted(expected)
