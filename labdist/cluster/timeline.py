@@ -42,6 +42,19 @@ def _measure(client: Any, rounds: int) -> dict[str, float]:
     return _fresh_offsets()
 
 
+def known_offsets(client: Any, rounds: int = ROUND_TRIPS, again: bool = False
+                  ) -> dict[str, float]:
+    """Worker address -> clock offset: those measured in the last `OFFSET_TTL_S` seconds, or
+    all measured now if there are none (or `again`: a worker new to us answered)."""
+    return (not again and _fresh_offsets()) or _measure(client, rounds)
+
+
+def earliest(since: float, offsets: dict[str, float]) -> float:
+    """What workers are asked for to be sure of every span begun since `since` (driver's
+    clock): the spans that ended after it on the earliest clock, less the offsets' error."""
+    return since + min(offsets.values(), default=0.0) - MARGIN_S
+
+
 def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS,
             shifted: bool = True) -> list[dict[str, Any]]:
     """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
@@ -53,12 +66,11 @@ def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS,
     pass over the spans instead of two); the dict's `clock` says which."""
     found = []
     if client is not None:
-        offsets = _fresh_offsets() or _measure(client, rounds)
-        snaps = client.run(phases.snapshot, since + min(offsets.values(), default=0.0) - MARGIN_S)
+        offsets = known_offsets(client, rounds)
+        snaps = client.run(phases.snapshot, earliest(since, offsets))
         if any(address not in offsets for address in snaps):  # a worker new to us
-            offsets = _measure(client, rounds)
-            snaps = client.run(phases.snapshot,
-                               since + min(offsets.values(), default=0.0) - MARGIN_S)
+            offsets = known_offsets(client, rounds, again=True)
+            snaps = client.run(phases.snapshot, earliest(since, offsets))
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)
             if not shifted:

@@ -5,6 +5,8 @@ collectives' kind, bytes and peers as args, and flow arrows from a PS push to it
 `profile(path)` checks that it can write `path` before its body runs (an unwritable path
 fails before training starts) and writes what every process recorded meanwhile when the body
 ends. The recorders are ring buffers, so a long run's trace holds its last spans, bounded.
+Each worker formats its own spans then (labdist/trace_events.py), all at once; the driver
+joins their text and draws the push -> apply arrows.
 """
 
 from __future__ import annotations
@@ -16,11 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from labdist import phases
+from labdist import phases, trace_events
 from labdist.cluster import timeline
-
-US = 1e6
-_NO_ARGS: dict = {}
 
 
 def chrome_trace(processes: list[dict[str, Any]], origin: float) -> dict[str, Any]:
@@ -33,67 +32,88 @@ def encode(processes: list[dict[str, Any]], origin: float) -> str:
     """The trace of `processes` (timeline.collect's, shifted to the driver's clock or not) as
     Chrome Trace Event Format JSON text (unshifted spans begun before `origin` left out): one
     track per process and thread, a complete ("X") event per span, flow arrows from a push
-    to its apply. Each span is formatted straight from its tuple into one line of text (no
-    dict per event), its args encoded once per distinct dict (a step's compute spans and a
-    collective's wait and comm share theirs); times in µs to the nanosecond."""
-    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    to its apply; times in µs to the nanosecond. Formatted here, on the driver: the same
+    text as `gather` has the workers format."""
+    fragments = []
+    for proc in processes:
+        own = proc.get("clock") == "own"  # spans on the process's own clock move here
+        fragments.append(trace_events.fragment(
+            proc["spans"], int(proc["pid"]), proc["name"], proc["threads"],
+            origin + (proc["offset"] if own else 0.0), own))
+    return join(fragments, origin)
+
+
+def gather(client: Any | None, since: float) -> str:
+    """Every process's spans begun since `since` (driver's clock) as a trace, times in µs
+    after `since`: each worker formats its own spans at once, shifted by its clock offset
+    (trace_events.worker_fragment), so the driver only joins text and draws the flows. The
+    same text as `encode(timeline.collect(client, since, shifted=False), since)`."""
+    fragments = []
+    if client is not None:
+        offsets = timeline.known_offsets(client)
+        found = client.run(trace_events.worker_fragment, timeline.earliest(since, offsets),
+                           since, offsets)
+        if any(f is None for f in found.values()):  # a worker new to us
+            offsets = timeline.known_offsets(client, again=True)
+            found = client.run(trace_events.worker_fragment,
+                               timeline.earliest(since, offsets), since, offsets)
+        fragments = [f for _, f in sorted(found.items()) if f is not None]
+    local = phases.snapshot(since)
+    if all(f["pid"] != local["pid"] for f in fragments):  # a LocalCluster with threads
+        fragments.append(trace_events.fragment(local["spans"], local["pid"], "driver",
+                                               local["threads"], since, True))
+    return join(fragments, since)
+
+
+def join(fragments: list[dict[str, Any]], origin: float) -> str:
+    """The trace file's text from each process's formatted spans (trace_events.fragment's),
+    in process order: their metadata, their events (each track in time order, processes by
+    pid) and a flow arrow from each push to each apply it caused, put where the track's time
+    order wants it."""
     meta: list[str] = []
-    events: list[tuple] = []  # (pid, tid, ts, -dur, text): each track in time order
-    encoded: dict[int, str] = {}
     pushes: dict[int, tuple] = {}
     applies: dict[int, list[tuple]] = {}
-    for index, proc in enumerate(processes):
-        pid = int(proc["pid"])
-        ranks = sorted({s[4]["rank"] for s in proc["spans"]
-                        if s[0] == phases.STEP and s[4] and "rank" in s[4]})
-        label = proc["name"] + "".join(f" (replica {r})" for r in ranks)
-        meta.append(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,'
-                    f'"args":{{"name":{dumps(label)}}}}}')
+    for index, f in enumerate(fragments):
+        pid = f["pid"]
+        meta.append(f["process"])
         meta.append(f'{{"ph":"M","name":"process_sort_index","pid":{pid},"tid":0,'
                     f'"args":{{"sort_index":{index}}}}}')
-        for tid in sorted({s[3] for s in proc["spans"]}):
-            name = proc["threads"].get(tid, f"thread {tid}")
-            meta.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},'
-                        f'"args":{{"name":{dumps(name)}}}}}')
-        # spans on the process's own clock (collect(shifted=False)) move to the driver's here
-        own = proc.get("clock") == "own"
-        base = origin + (proc["offset"] if own else 0.0)
-        for name, start, end, tid, args in proc["spans"]:
-            if own and start < base:  # begun before the window (collect filters the others)
-                continue
-            ts = round((start - base) * US, 3)  # both ends rounded alike: spans that
-            dur = round(max(round((end - base) * US, 3) - ts, 0.0), 3)  # touch still do
-            text = encoded.get(id(args))
-            if text is None:
-                text = encoded[id(args)] = dumps(args or _NO_ARGS)
-            events.append((pid, tid, ts, -dur,
-                           f'{{"name":"{name}","cat":"labdist","ph":"X","pid":{pid},'
-                           f'"tid":{tid},"ts":{ts!r},"dur":{dur!r},"args":{text}}}'))
-            if (name == "push" or name == "apply") and args and args.get("flow") is not None:
-                if name == "push":
-                    pushes[args["flow"]] = (pid, tid, ts)
-                else:
-                    applies.setdefault(args["flow"], []).append((pid, tid, ts))
+        meta.extend(f["threads"])
+        for kind, flow, tid, ts in f["ends"]:
+            if kind == "push":
+                pushes[flow] = (pid, tid, ts)
+            else:
+                applies.setdefault(flow, []).append((pid, tid, ts))
+    flows: dict[tuple, list[str]] = {}  # (pid, tid, µs) -> its flow events, in order
     for flow, targets in applies.items():
         push = pushes.get(flow)
         if push is None:
             continue
         for n, (pid, tid, ts) in enumerate(targets):
             ident = f"{flow}.{n}"
-            events.append((*push, 0.0,
-                           f'{{"ph":"s","name":"push → apply","cat":"flow","id":"{ident}",'
-                           f'"pid":{push[0]},"tid":{push[1]},"ts":{push[2]!r}}}'))
-            events.append((pid, tid, ts, 0.0,
-                           f'{{"ph":"f","bp":"e","name":"push → apply","cat":"flow",'
-                           f'"id":"{ident}","pid":{pid},"tid":{tid},"ts":{ts!r}}}'))
-    events.sort(key=_order)  # an enclosing span before the spans it holds
-    other = dumps({"producer": "labdist", "origin_unix_s": origin})
-    return (f'{{"traceEvents":[{",".join(meta + [e[4] for e in events])}],'
+            flows.setdefault(push, []).append(
+                f'{{"ph":"s","name":"push → apply","cat":"flow","id":"{ident}",'
+                f'"pid":{push[0]},"tid":{push[1]},"ts":{push[2]!r}}}')
+            flows.setdefault((pid, tid, ts), []).append(
+                f'{{"ph":"f","bp":"e","name":"push → apply","cat":"flow",'
+                f'"id":"{ident}","pid":{pid},"tid":{tid},"ts":{ts!r}}}')
+    body = meta
+    for f in sorted(fragments, key=_pid):
+        pid, pieces = f["pid"], f["pieces"]
+        for piece, cut in zip(pieces, f["cuts"], strict=False):
+            if piece:
+                body.append(piece)
+            body.extend(flows.get((pid, *cut), ()))
+        if pieces[-1]:
+            body.append(pieces[-1])
+    other = json.dumps({"producer": "labdist", "origin_unix_s": origin},
+                       separators=(",", ":"), ensure_ascii=False)
+    return (f'{{"traceEvents":[{",".join(body)}],'
             f'"displayTimeUnit":"ms","otherData":{other}}}')
 
 
-def _order(event: tuple) -> tuple:
-    return event[:4]
+def _pid(fragment: dict[str, Any]) -> int:
+    return fragment["pid"]
 
 
 def _client_of(where: Any) -> Any:
@@ -126,6 +146,6 @@ def profile(path: str | os.PathLike, client: Any = None) -> Iterator[str]:
     try:
         yield path
     finally:
-        text = encode(timeline.collect(client, start, shifted=False), start)
+        text = gather(client, start)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)  # one write of the whole text

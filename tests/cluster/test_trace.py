@@ -189,3 +189,79 @@ def test_a_process_on_its_own_clock_is_shifted_and_windowed_as_it_is_written():
            "spans": [("step", 9.0 + offset, 9.5 + offset, 5, None)]  # before the window
            + [(n, s + offset, e + offset, t, a) for n, s, e, t, a in spans]}
     assert encode([own], origin=10.0) == encode([shifted], origin=10.0)
+
+
+def test_worker_formatted_trace_is_the_driver_formatted_one(mirrored2):
+    """`profile` has each worker format its own spans (trace.gather): the same text as the
+    driver formatting every process's spans (encode of timeline.collect's), replicas' steps,
+    collectives and the driver's spans alike."""
+    from labdist.cluster import timeline, trace
+
+    since = time.time()
+    time.sleep(0.05)
+    for _ in range(5):
+        mirrored2.run(straggling_step)
+    client = mirrored2.client
+    on_driver = trace.encode(timeline.collect(client, since, shifted=False), since)
+    on_workers = trace.gather(client, since)
+    assert on_workers == on_driver
+    spans = validate(json.loads(on_workers))
+    assert {"step", "compute", "wait", "comm", "driver"} <= {e["name"] for e in spans}
+
+
+@pytest.mark.timeout(180)
+def test_worker_formatted_flows_are_the_driver_formatted_ones():
+    """Asynchronous parameter servers: pushes on the workers, applies on the parameter
+    server, an arrow from each to each; the arrows land at the same places in each track
+    when the workers format their spans as when the driver does."""
+    from distributed import Client, LocalCluster
+
+    from labdist.cluster import timeline, trace
+
+    with LocalCluster(n_workers=3, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        s = ld.ParameterServerStrategy(client, num_ps=1, num_workers=2, mode="async")
+        try:
+            coordinator = ld.ClusterCoordinator(s)
+            with s.scope():
+                v = ld.Variable(np.zeros(4))
+            since = time.time()
+            time.sleep(0.05)
+            values = [coordinator.schedule(lambda i: (v.assign_add(np.ones(4)), i)[1],
+                                           args=(i,)) for i in range(12)]
+            coordinator.join()
+            assert [x.fetch() for x in values] == list(range(12))
+            on_driver = trace.encode(timeline.collect(client, since, shifted=False), since)
+            on_workers = trace.gather(client, since)
+        finally:
+            s.close()
+    assert on_workers == on_driver
+    events = json.loads(on_workers)["traceEvents"]
+    validate({"traceEvents": events})
+    assert sum(e["ph"] == "s" for e in events) >= 12  # an arrow from every push
+
+
+def test_span_times_are_rounded_to_the_nanosecond_as_round_does():
+    """The formatter rounds times with integers (fast) but must give what round(µs, 3)
+    gives, ties to even included: random times, and times whose µs end in a half ns."""
+    import random
+
+    from labdist.trace_events import fragment
+
+    rng = random.Random(7)
+    base = 1.7e9 + rng.random()
+    starts = [base + rng.random() * 100 for _ in range(2000)]
+    halves = [y for y in (k + 0.0625 * j for k in range(0, 4000, 37) for j in (1, 3, 5, 7, 9))
+              if (y / 1e6) * 1e6 == y]  # µs ending in .0625 etc.: ties at the ns
+    spans = [("step", s, s + rng.random() * 1e-3, 1, None) for s in starts]
+    spans += [("step", y / 1e6, (y + 0.0625 * 3) / 1e6, 2, None) for y in halves]
+    got = fragment(spans[:2000], 1, "w", {}, base, True)["pieces"]
+    got += fragment(spans[2000:], 1, "w", {}, 0.0, True)["pieces"]
+    events = json.loads("[" + ",".join(got) + "]")
+    expected = []
+    for origin, part in ((base, spans[:2000]), (0.0, spans[2000:])):
+        for _, s, e, tid, _ in part:
+            ts = round((s - origin) * 1e6, 3)
+            expected.append((tid, ts, round(max(round((e - origin) * 1e6, 3) - ts, 0.0), 3)))
+    assert len(halves) > 100
+    assert sorted((e["tid"], e["ts"], e["dur"]) for e in events) == sorted(expected)

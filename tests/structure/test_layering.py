@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
               "labdist.enums", "labdist.errors", "labdist.input", "labdist.input_pipelines",
               "labdist.nest", "labdist.network", "labdist.phases", "labdist.placed",
-              "labdist.shipping", "labdist.values")),
+              "labdist.shipping", "labdist.trace_events", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")
