@@ -106,6 +106,8 @@ class ParameterServerWorker:
         self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
+        # one function at a time: a pipelined coordinator sends the next while one runs
+        self._running = threading.Lock()
         metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
@@ -159,6 +161,10 @@ class ParameterServerWorker:
 
     # -- on a function's thread -------------------------------------------------------------
     def _run(self, fn_bytes, args, kwargs, key) -> Outcome:
+        with self._running:
+            return self._run_one(fn_bytes, args, kwargs, key)
+
+    def _run_one(self, fn_bytes, args, kwargs, key) -> Outcome:
         ctx = WorkerContext(self, key)
         try:
             fn = self._load(fn_bytes)
