@@ -3,9 +3,11 @@ functions onto parameter-server workers, get remote values back, join.
 
 One dispatcher thread per worker takes the next function from a shared queue, runs it on its
 worker and waits for the result; a free worker is whichever finishes first, so fast workers do
-more. When a worker dies mid-function, the function goes back into the queue (in schedule
-order, so ahead of later work) and another worker runs it (at-least-once: what it pushed before
-dying stays pushed, as in TF).
+more. Async `fit` runs `pipelined()`: a second dispatcher per worker sends it the next function
+while it runs the last (the worker runs them one at a time), so no worker waits a round trip
+to the driver between two. When a worker dies mid-function, the function goes back into the
+queue (in schedule order, so ahead of later work; both of a pipelined worker's) and another
+worker runs it (at-least-once: what it pushed before dying stays pushed, as in TF).
 A lost parameter server stops everything with an error naming it. Closing (strategy.close())
 ends every wait: what had not finished raises, and so does anything asked of it afterwards.
 In sync mode, functions that wait at a step barrier no other function will reach (the fifth of
