@@ -85,6 +85,8 @@ class ClusterCoordinator:
         # (worker, slot) -> the function it runs; slot 1 only while pipelined (async fit)
         self._in_flight: dict[tuple[int, int], ScheduledFunction] = {}
         self._pipelined = 0  # how many callers asked for it (`pipelined`)
+        self._token = uuid.uuid4().hex  # names this coordinator's order numbers on workers
+        self._sent = [0] * self._group.num_workers  # functions sent to each worker so far
         self._error: BaseException | None = None  # the first function error, for join
         self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
         self._alive = set(range(self._group.num_workers))
@@ -266,6 +268,11 @@ class ClusterCoordinator:
                     if not self._runnable(w):
                         return
                     closure = self._queue.popleft()
+                    # a worker runs what it is sent in order: this one after the function
+                    # another of its dispatchers sent just before, if that still runs
+                    seq, self._sent[w] = self._sent[w], self._sent[w] + 1
+                    busy = any(k[0] == w for k in self._in_flight)
+                    order = (self._token, seq, seq - 1 if busy else None)
                     self._in_flight[w, slot] = closure
                     closure.dispatched(self._unstall)
             if report_idle:  # no work for this worker: it must not hold others back (SSP)
@@ -273,7 +280,7 @@ class ClusterCoordinator:
                 self._group.worker_idle(w)
                 continue
             idle_reported = False
-            if not self._finish(w, slot, closure, self._execute(w, closure)):
+            if not self._finish(w, slot, closure, self._execute(w, closure, order)):
                 return
 
     def _takes_work(self, slot: int) -> bool:
@@ -284,10 +291,10 @@ class ClusterCoordinator:
     def _runnable(self, w: int) -> bool:
         return not self._closed and self._fatal is None and w in self._alive
 
-    def _execute(self, w: int, closure: ScheduledFunction) -> Outcome:
+    def _execute(self, w: int, closure: ScheduledFunction, order: tuple) -> Outcome:
         version, placement = self._group.placement_for(w)
         coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
-                                       closure.kwargs, placement, closure.key)
+                                       closure.kwargs, placement, closure.key, order)
         future = asyncio.run_coroutine_threadsafe(coro, self._group.loop)
         while True:
             try:

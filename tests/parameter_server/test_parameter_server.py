@@ -161,9 +161,10 @@ def test_pipelined_workers_run_one_function_at_a_time_and_plain_schedule_takes_f
         assert sorted(r[2] for r in results) == list(range(16))  # each ran, once
         np.testing.assert_array_equal(counter.numpy(), [16.0])
         assert s.stats().updates == 16
-        for w in {r[0] for r in results}:  # on a worker, never two at once
-            spans = sorted((r[3], r[4]) for r in results if r[0] == w)
+        for w in {r[0] for r in results}:  # on a worker, never two at once, in schedule order
+            spans = sorted((r[3], r[4], r[2]) for r in results if r[0] == w)
             assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+            assert [i for _, _, i in spans] == sorted(i for _, _, i in spans)
 
         # outside it, a busy worker holds nothing back: the next function goes to the free
         # worker (here it must, or the first would wait for it until its timeout)

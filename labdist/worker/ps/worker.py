@@ -42,6 +42,9 @@ from labdist.worker.step_report import StepLog, StepReporter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
+# A pipelined function waits at most this long for the one sent before it (which may never
+# come: its arguments failed to send), then runs anyway.
+TURN_WAIT_S = 5.0
 
 
 class Retry(BaseException):
@@ -106,8 +109,11 @@ class ParameterServerWorker:
         self._rpc = None  # a connection pool of our own, made on the event loop
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
-        # one function at a time: a pipelined coordinator sends the next while one runs
+        # one function at a time: a pipelined coordinator sends the next while one runs, and
+        # they run in the order it sent them (they may arrive the other way round)
         self._running = threading.Lock()
+        self._turn = threading.Condition()
+        self._finished: tuple[str, int] = ("", -1)  # (coordinator, its last order finished)
         metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
@@ -139,13 +145,15 @@ class ParameterServerWorker:
         self.datasets[dataset_id] = fn(ctx) if takes_context else fn()
 
     async def run(self, fn_bytes: bytes, args: tuple, kwargs: dict, placement: dict | None,
-                  key: tuple) -> Outcome:
+                  key: tuple, order: tuple[str, int, int | None] | None = None) -> Outcome:
         """Run a scheduled function; how it ended (OK, ERROR, RETRY or PS_LOST: outcome.py).
-        Errors come back as values: a raised one would look like this worker failing."""
+        Errors come back as values: a raised one would look like this worker failing.
+        `order`: (coordinator, this function's number on this worker, the number it runs
+        after, or None when nothing sent before it is still running)."""
         if placement is not None:
             self.placement = placement
         return await asyncio.wrap_future(
-            self._pool.submit(self._run, fn_bytes, args, kwargs, key))
+            self._pool.submit(self._run, fn_bytes, args, kwargs, key, order))
 
     async def paths(self) -> dict[int, str]:
         """How this worker reaches each parameter server it called: "shm" or "tcp"."""
@@ -160,9 +168,21 @@ class ParameterServerWorker:
             await self._rpc.close()
 
     # -- on a function's thread -------------------------------------------------------------
-    def _run(self, fn_bytes, args, kwargs, key) -> Outcome:
+    def _run(self, fn_bytes, args, kwargs, key, order) -> Outcome:
+        if order is not None and order[2] is not None:
+            token, _, after = order
+            with self._turn:
+                self._turn.wait_for(lambda: self._finished[0] == token
+                                    and self._finished[1] >= after, timeout=TURN_WAIT_S)
         with self._running:
-            return self._run_one(fn_bytes, args, kwargs, key)
+            try:
+                return self._run_one(fn_bytes, args, kwargs, key)
+            finally:
+                if order is not None:
+                    with self._turn:
+                        last = self._finished[1] if self._finished[0] == order[0] else -1
+                        self._finished = (order[0], max(last, order[1]))
+                        self._turn.notify_all()
 
     def _run_one(self, fn_bytes, args, kwargs, key) -> Outcome:
         ctx = WorkerContext(self, key)
