@@ -42,8 +42,8 @@ from labdist.worker.step_report import StepLog, StepReporter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
-# A pipelined function waits at most this long for the one sent before it (which may never
-# come: its arguments failed to send), then runs anyway.
+# A pipelined function waits at most this long for the one sent before it to arrive (it may
+# never come: its arguments failed to send), then is queued anyway.
 TURN_WAIT_S = 5.0
 
 
@@ -107,13 +107,13 @@ class ParameterServerWorker:
         self._loop = worker.loop.asyncio_loop
         self._connection_args = worker.connection_args
         self._rpc = None  # a connection pool of our own, made on the event loop
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
-        # one function at a time: a pipelined coordinator sends the next while one runs, and
-        # they run in the order it sent them (they may arrive the other way round)
-        self._running = threading.Lock()
-        self._turn = threading.Condition()
-        self._finished: tuple[str, int] = ("", -1)  # (coordinator, its last order finished)
+        # one thread runs the functions, one at a time, in the order the coordinator sent
+        # them (a pipelined one sends the next while one runs; they may arrive the other way
+        # round): the next is queued on that thread, which takes it without a wake-up
+        self._submitted: tuple[str, int] = ("", -1)  # (coordinator, the last order queued)
+        self._held: dict[tuple[str, int], asyncio.Future] = {}  # arrived before their turn
         metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
@@ -152,8 +152,26 @@ class ParameterServerWorker:
         after, or None when nothing sent before it is still running)."""
         if placement is not None:
             self.placement = placement
-        return await asyncio.wrap_future(
-            self._pool.submit(self._run, fn_bytes, args, kwargs, key, order))
+        token, seq, after = order if order is not None else ("", -1, None)
+        if after is not None and not (self._submitted[0] == token
+                                      and self._submitted[1] >= after):
+            turn = asyncio.get_running_loop().create_future()  # the one before is not here yet
+            self._held[token, seq] = turn
+            timer = asyncio.get_running_loop().call_later(
+                TURN_WAIT_S, lambda: turn.done() or turn.set_result(None))
+            try:
+                await turn
+            finally:
+                timer.cancel()
+                self._held.pop((token, seq), None)
+        future = self._pool.submit(self._run, fn_bytes, args, kwargs, key)
+        if order is not None:
+            last = self._submitted[1] if self._submitted[0] == token else -1
+            self._submitted = (token, max(last, seq))
+            held = self._held.get((token, seq + 1))
+            if held is not None and not held.done():
+                held.set_result(None)
+        return await asyncio.wrap_future(future)
 
     async def paths(self) -> dict[int, str]:
         """How this worker reaches each parameter server it called: "shm" or "tcp"."""
@@ -168,23 +186,7 @@ class ParameterServerWorker:
             await self._rpc.close()
 
     # -- on a function's thread -------------------------------------------------------------
-    def _run(self, fn_bytes, args, kwargs, key, order) -> Outcome:
-        if order is not None and order[2] is not None:
-            token, _, after = order
-            with self._turn:
-                self._turn.wait_for(lambda: self._finished[0] == token
-                                    and self._finished[1] >= after, timeout=TURN_WAIT_S)
-        with self._running:
-            try:
-                return self._run_one(fn_bytes, args, kwargs, key)
-            finally:
-                if order is not None:
-                    with self._turn:
-                        last = self._finished[1] if self._finished[0] == order[0] else -1
-                        self._finished = (order[0], max(last, order[1]))
-                        self._turn.notify_all()
-
-    def _run_one(self, fn_bytes, args, kwargs, key) -> Outcome:
+    def _run(self, fn_bytes, args, kwargs, key) -> Outcome:
         ctx = WorkerContext(self, key)
         try:
             fn = self._load(fn_bytes)
