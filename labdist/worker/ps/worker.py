@@ -86,7 +86,8 @@ class WorkerStrategy:
 
 
 class ParameterServerWorker:
-    """The Dask actor on each worker: runs scheduled functions on its own threads."""
+    """The Dask actor on each worker: runs scheduled functions on a thread of its own, one
+    at a time, in the order the coordinator sent them."""
 
     def __init__(self, index: int, num_workers: int, stores: list[tuple[str, str]],
                  settings: dict):
