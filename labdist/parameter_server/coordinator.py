@@ -3,9 +3,11 @@ functions onto parameter-server workers, get remote values back, join.
 
 One dispatcher thread per worker takes the next function from a shared queue, runs it on its
 worker and waits for the result; a free worker is whichever finishes first, so fast workers do
-more. When a worker dies mid-function, the function goes back into the queue (in schedule
-order, so ahead of later work) and another worker runs it (at-least-once: what it pushed before
-dying stays pushed, as in TF).
+more. Async `fit` runs `pipelined()`: a second dispatcher per worker sends it the next function
+while it runs the last (the worker runs them one at a time), so no worker waits a round trip
+to the driver between two. When a worker dies mid-function, the function goes back into the
+queue (in schedule order, so ahead of later work; both of a pipelined worker's) and another
+worker runs it (at-least-once: what it pushed before dying stays pushed, as in TF).
 A lost parameter server stops everything with an error naming it. Closing (strategy.close())
 ends every wait: what had not finished raises, and so does anything asked of it afterwards.
 In sync mode, functions that wait at a step barrier no other function will reach (the fifth of
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import threading
 import uuid
@@ -36,6 +39,7 @@ from labdist.worker import actor_call as remote
 from labdist.worker.ps.outcome import Ending, Outcome
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
+PIPELINE_DEPTH = 2  # async fit: functions a worker holds (one runs, the next waits there)
 
 
 class Coordinated:
@@ -78,7 +82,11 @@ class ClusterCoordinator:
         self._group = group
         self._cv = threading.Condition()
         self._queue: deque[ScheduledFunction] = deque()
-        self._in_flight: dict[int, ScheduledFunction] = {}  # worker -> the function it runs
+        # (worker, slot) -> the function it runs; slot 1 only while pipelined (async fit)
+        self._in_flight: dict[tuple[int, int], ScheduledFunction] = {}
+        self._pipelined = 0  # how many callers asked for it (`pipelined`)
+        self._token = uuid.uuid4().hex  # names this coordinator's order numbers on workers
+        self._sent = [0] * self._group.num_workers  # functions sent to each worker so far
         self._error: BaseException | None = None  # the first function error, for join
         self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
         self._alive = set(range(self._group.num_workers))
@@ -86,9 +94,12 @@ class ClusterCoordinator:
         self._closed = False
         self._sync = strategy.mode == "sync"
         self._keys = itertools.count()
-        self._threads = [threading.Thread(target=self._dispatch, args=(w,), daemon=True,
-                                          name=f"labdist-coordinator-{w}")
-                         for w in range(self._group.num_workers)]
+        # async without a staleness bound: a second dispatcher per worker, used while
+        # pipelined, keeps the worker's next function waiting on the worker itself
+        depth = 1 if self._sync or self._group.bounded else PIPELINE_DEPTH
+        self._threads = [threading.Thread(target=self._dispatch, args=(w, slot), daemon=True,
+                                          name=f"labdist-coordinator-{w}-{slot}")
+                         for w in range(self._group.num_workers) for slot in range(depth)]
         for t in self._threads:
             t.start()
 
@@ -130,6 +141,22 @@ class ClusterCoordinator:
         self._check_open()
         self._unstall()  # a step held only by functions released earlier (a lost worker)
         self._raise_pending()
+
+    @contextlib.contextmanager
+    def pipelined(self):
+        """While inside, each worker (async mode, no staleness bound) is sent its next
+        function while it still runs the last, so it never waits for the driver between two
+        (what `fit` uses). Functions still run one at a time on a worker, in arrival order;
+        a worker may hold one function a free worker could have taken, so plain `schedule`
+        calls outside it keep TF's "the first free worker takes it"."""
+        with self._cv:
+            self._pipelined += 1
+            self._cv.notify_all()
+        try:
+            yield self
+        finally:
+            with self._cv:
+                self._pipelined -= 1
 
     def done(self) -> bool:
         """Whether nothing is queued or running."""
@@ -230,34 +257,44 @@ class ClusterCoordinator:
         if error is not None:
             raise error
 
-    def _dispatch(self, w: int) -> None:
+    def _dispatch(self, w: int, slot: int) -> None:
         idle_reported = False
         while True:
             with self._cv:
                 report_idle = not self._queue and self._group.bounded and not idle_reported
                 if not report_idle:
-                    while not self._queue and self._runnable(w):
+                    while not self._takes_work(slot) and self._runnable(w):
                         self._cv.wait()
                     if not self._runnable(w):
                         return
                     closure = self._queue.popleft()
-                    self._in_flight[w] = closure
+                    # a worker runs what it is sent in order: this one after the function
+                    # another of its dispatchers sent just before, if that still runs
+                    seq, self._sent[w] = self._sent[w], self._sent[w] + 1
+                    busy = any(k[0] == w for k in self._in_flight)
+                    order = (self._token, seq, seq - 1 if busy else None)
+                    self._in_flight[w, slot] = closure
                     closure.dispatched(self._unstall)
             if report_idle:  # no work for this worker: it must not hold others back (SSP)
                 idle_reported = True
                 self._group.worker_idle(w)
                 continue
             idle_reported = False
-            if not self._finish(w, closure, self._execute(w, closure)):
+            if not self._finish(w, slot, closure, self._execute(w, closure, order)):
                 return
+
+    def _takes_work(self, slot: int) -> bool:
+        """(Under the lock) whether dispatcher `slot` of a worker may take the next function:
+        slot 0 always, the others only while pipelined."""
+        return bool(self._queue) and (slot == 0 or self._pipelined > 0)
 
     def _runnable(self, w: int) -> bool:
         return not self._closed and self._fatal is None and w in self._alive
 
-    def _execute(self, w: int, closure: ScheduledFunction) -> Outcome:
+    def _execute(self, w: int, closure: ScheduledFunction, order: tuple) -> Outcome:
         version, placement = self._group.placement_for(w)
         coro = self._group.call_worker(w, "run", closure.fn_bytes, closure.args,
-                                       closure.kwargs, placement, closure.key)
+                                       closure.kwargs, placement, closure.key, order)
         future = asyncio.run_coroutine_threadsafe(coro, self._group.loop)
         while True:
             try:
@@ -290,13 +327,14 @@ class ClusterCoordinator:
                 return Outcome(Ending.PS_LOST, error)
             return outcome
 
-    def _finish(self, w: int, closure: ScheduledFunction, outcome: Outcome) -> bool:
+    def _finish(self, w: int, slot: int, closure: ScheduledFunction, outcome: Outcome
+                ) -> bool:
         """Settle one function's outcome; returns whether worker `w` keeps dispatching."""
         ending = outcome.ending
         if self._closed and not outcome.finished:
             ending = Ending.CLOSED  # a lost PS or worker now is the closing cluster: no retry
         if ending is Ending.WORKER_LOST:
-            self._lose_worker(w, closure)
+            self._lose_worker(w, slot, closure)
             return False
         if ending is Ending.RETRY:  # released from a sync step's barrier: run it again later
             with self._cv:
@@ -304,7 +342,7 @@ class ClusterCoordinator:
                     self._requeue(closure)
                 else:
                     closure.cancel()
-                self._in_flight.pop(w, None)
+                self._in_flight.pop((w, slot), None)
                 self._cv.notify_all()
             return True
         if ending is Ending.OK:
@@ -323,7 +361,7 @@ class ClusterCoordinator:
         else:  # CLOSED
             closure.set_error(self._unfinished_error())
         with self._cv:
-            self._in_flight.pop(w, None)
+            self._in_flight.pop((w, slot), None)
             self._cv.notify_all()
         return outcome.finished
 
@@ -348,12 +386,15 @@ class ClusterCoordinator:
             self._queue.clear()
             self._cv.notify_all()
 
-    def _lose_worker(self, w: int, closure: ScheduledFunction) -> None:
-        """Worker `w` died: its function goes first in the queue for another worker."""
+    def _lose_worker(self, w: int, slot: int, closure: ScheduledFunction) -> None:
+        """Worker `w` died: its function goes first in the queue for another worker (each of
+        its dispatchers requeues its own; the first to see the loss reports it)."""
         with self._cv:
+            first = w in self._alive
             self._alive.discard(w)
-            self.lost_workers.append(self._group.worker_addresses[w])
-            self._in_flight.pop(w, None)
+            if first:
+                self.lost_workers.append(self._group.worker_addresses[w])
+            self._in_flight.pop((w, slot), None)
             closure.attempts += 1
             self._requeue(closure)
             if not self._alive and self._fatal is None:
@@ -365,7 +406,8 @@ class ClusterCoordinator:
                 self._queue.clear()
             self._cv.notify_all()
             live = len(self._alive)
-        self._group.worker_gone(w, live)
+        if first:
+            self._group.worker_gone(w, live)
 
     def _requeue(self, closure: ScheduledFunction) -> None:
         """Back into the queue in schedule order (under the lock): older work first, so a

@@ -41,13 +41,18 @@ def _window(strategy) -> int:
 def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     coordinator = ClusterCoordinator(strategy)
     pending: deque = deque()
-    for group in groups:
-        pending.append(coordinator.schedule(_async_steps, args=(step, list(group), iteration)))
-        iteration += len(group)
-        if len(pending) >= _window(strategy):
+    # pipelined: every worker holds its next group, so it never waits for the driver; a
+    # window one group a worker deeper, so there is a next group to hold
+    window = _window(strategy) + strategy.num_workers
+    with coordinator.pipelined():
+        for group in groups:
+            pending.append(coordinator.schedule(_async_steps,
+                                                args=(step, list(group), iteration)))
+            iteration += len(group)
+            if len(pending) >= window:
+                yield pending.popleft().fetch()
+        while pending:
             yield pending.popleft().fetch()
-    while pending:
-        yield pending.popleft().fetch()
 
 
 def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:

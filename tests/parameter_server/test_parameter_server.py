@@ -142,6 +142,51 @@ def test_async_updates_are_pushed_and_counted_per_worker(client):
 
 
 # -- the coordinator ----------------------------------------------------------------------------
+def test_pipelined_workers_run_one_function_at_a_time_and_plain_schedule_takes_free_ones(
+        client, tmp_path):
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        with s.scope():
+            counter = ld.Variable(np.zeros(1, np.float32), name="counter")
+        coordinator = ld.ClusterCoordinator(s)
+
+        def bump(i):
+            start = time.monotonic()
+            counter.assign_add(np.ones(1, np.float32))
+            time.sleep(0.02)
+            return ld.get_replica_context().worker_index, os.getpid(), i, start, time.monotonic()
+
+        with coordinator.pipelined():  # fit's mode: each worker holds its next function
+            values = [coordinator.schedule(bump, args=(i,)) for i in range(16)]
+            results = [v.fetch() for v in values]
+        assert sorted(r[2] for r in results) == list(range(16))  # each ran, once
+        np.testing.assert_array_equal(counter.numpy(), [16.0])
+        assert s.stats().updates == 16
+        for w in {r[0] for r in results}:  # on a worker, never two at once, in schedule order
+            spans = sorted((r[3], r[4], r[2]) for r in results if r[0] == w)
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+            assert [i for _, _, i in spans] == sorted(i for _, _, i in spans)
+
+        # outside it, a busy worker holds nothing back: the next function goes to the free
+        # worker (here it must, or the first would wait for it until its timeout)
+        flag = str(tmp_path / "second-ran")
+
+        def first():
+            deadline = time.monotonic() + 10
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return os.path.exists(flag), ld.get_replica_context().worker_index
+
+        def second():
+            open(flag, "w").close()
+            return ld.get_replica_context().worker_index
+
+        a = coordinator.schedule(first)
+        time.sleep(0.3)  # the first is running on its worker
+        b = coordinator.schedule(second)
+        (saw, wa), wb = a.fetch(), b.fetch()
+        assert saw and wa != wb
+
+
 def test_per_worker_datasets_errors_and_strategy_inside_functions(client):
     with ld.ParameterServerStrategy(client, num_workers=2) as s:
         coordinator = ld.ClusterCoordinator(s)

@@ -42,6 +42,9 @@ from labdist.worker.step_report import StepLog, StepReporter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
 STORE_CONNECT_TIMEOUT_S = 10.0
+# A pipelined function waits at most this long for the one sent before it to arrive (it may
+# never come: its arguments failed to send), then is queued anyway.
+TURN_WAIT_S = 5.0
 
 
 class Retry(BaseException):
@@ -83,7 +86,8 @@ class WorkerStrategy:
 
 
 class ParameterServerWorker:
-    """The Dask actor on each worker: runs scheduled functions on its own threads."""
+    """The Dask actor on each worker: runs scheduled functions on a thread of its own, one
+    at a time, in the order the coordinator sent them."""
 
     def __init__(self, index: int, num_workers: int, stores: list[tuple[str, str]],
                  settings: dict):
@@ -104,8 +108,13 @@ class ParameterServerWorker:
         self._loop = worker.loop.asyncio_loop
         self._connection_args = worker.connection_args
         self._rpc = None  # a connection pool of our own, made on the event loop
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"labdist-w{index}")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"labdist-w{index}")
         self._fn: tuple[bytes | None, Any] = (None, None)
+        # one thread runs the functions, one at a time, in the order the coordinator sent
+        # them (a pipelined one sends the next while one runs; they may arrive the other way
+        # round): the next is queued on that thread, which takes it without a wake-up
+        self._submitted: tuple[str, int] = ("", -1)  # (coordinator, the last order queued)
+        self._held: dict[tuple[str, int], asyncio.Future] = {}  # arrived before their turn
         metrics.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
@@ -137,13 +146,33 @@ class ParameterServerWorker:
         self.datasets[dataset_id] = fn(ctx) if takes_context else fn()
 
     async def run(self, fn_bytes: bytes, args: tuple, kwargs: dict, placement: dict | None,
-                  key: tuple) -> Outcome:
+                  key: tuple, order: tuple[str, int, int | None] | None = None) -> Outcome:
         """Run a scheduled function; how it ended (OK, ERROR, RETRY or PS_LOST: outcome.py).
-        Errors come back as values: a raised one would look like this worker failing."""
+        Errors come back as values: a raised one would look like this worker failing.
+        `order`: (coordinator, this function's number on this worker, the number it runs
+        after, or None when nothing sent before it is still running)."""
         if placement is not None:
             self.placement = placement
-        return await asyncio.wrap_future(
-            self._pool.submit(self._run, fn_bytes, args, kwargs, key))
+        token, seq, after = order if order is not None else ("", -1, None)
+        if after is not None and not (self._submitted[0] == token
+                                      and self._submitted[1] >= after):
+            turn = asyncio.get_running_loop().create_future()  # the one before is not here yet
+            self._held[token, seq] = turn
+            timer = asyncio.get_running_loop().call_later(
+                TURN_WAIT_S, lambda: turn.done() or turn.set_result(None))
+            try:
+                await turn
+            finally:
+                timer.cancel()
+                self._held.pop((token, seq), None)
+        future = self._pool.submit(self._run, fn_bytes, args, kwargs, key)
+        if order is not None:
+            last = self._submitted[1] if self._submitted[0] == token else -1
+            self._submitted = (token, max(last, seq))
+            held = self._held.get((token, seq + 1))
+            if held is not None and not held.done():
+                held.set_result(None)
+        return await asyncio.wrap_future(future)
 
     async def paths(self) -> dict[int, str]:
         """How this worker reaches each parameter server it called: "shm" or "tcp"."""
