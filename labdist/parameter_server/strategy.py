@@ -22,7 +22,7 @@ from labdist.parameter_server.stats import ParameterServerStats
 from labdist.strategies.base import Strategy
 from labdist.variables import Variable
 from labdist.worker import context as worker_context
-from labdist.worker.ps.worker import WorkerStrategy
+from labdist.worker.ps.worker_context import WorkerStrategy
 
 MODES = ("async", "sync")
 TRANSPORTS = ("auto", "tcp")  # how workers reach parameter servers (worker/ps/shm_client.py)

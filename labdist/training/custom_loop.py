@@ -113,7 +113,7 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
         raise RuntimeError(
             "optimizer.apply_gradients runs inside strategy.run, on each replica (it sums the "
             "replicas' gradients); outside a step use model.fit, or v.assign_sub")
-    from labdist.worker.ps.worker import WorkerContext
+    from labdist.worker.ps.worker_context import WorkerContext
 
     if isinstance(ctx, WorkerContext):
         raise RuntimeError(
