@@ -2,7 +2,9 @@
 (more, smaller shards: the ideal is a flat line), for the 784-512-10 MLP and the larger
 784-2048-2048-10, under labdist `fit` (steps_per_execution 10) and torch DDP (gloo) with as
 many processes; and, at each replica count, a trivial `strategy.run` and a 1 MB all-reduce
-timed on the workers (`baselines/scale_micro.py`).
+timed on the workers (`baselines/scale_micro.py`), beside its floor: the memory work such an
+all-reduce cannot skip, timed in one process and shared by the cores
+(`baselines/allreduce_floor.py`), which says whether "8 replicas <= 3x 2" is possible here.
 
 Every figure comes from a process of its own (bench_train.py's runners, told the replica
 count and the layers through LABDIST_BENCH_REPLICAS / LABDIST_BENCH_HIDDEN); the
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cmd is not None:
                     todo.append((key, cmd, env))
         samples[f"trivial run x{n}"], samples[f"1 MB all-reduce x{n}"] = [], []
+        samples[f"1 MB all-reduce floor x{n}"] = []
         todo.append((f"micro x{n}", [sys.executable, str(RUNNERS / "scale_micro.py"),
                                      "--replicas", str(n)], {}))
     runs = []
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                 n = key.split("x")[1]
                 samples[f"trivial run x{n}"].append(out["trivial_run_us"])
                 samples[f"1 MB all-reduce x{n}"].append(out["all_reduce_ms"])
+                if out.get("floor_ms") is not None:
+                    samples[f"1 MB all-reduce floor x{n}"].append(out["floor_ms"])
             elif out.get("steps_per_s") is not None:
                 samples[key].append(out["steps_per_s"])
             print(f"round {r + 1}/{args.rounds}: {key}: "
@@ -124,13 +129,14 @@ def report(figures: dict[str, float | None], counts: list[int]) -> str:
     first = counts[0]
     rows = ["| replicas | " + " | ".join(
         [f"fit {m}" for m in MODELS] + [f"DDP {m}" for m in MODELS]
-        + ["trivial run", "1 MB all-reduce"]) + " |",
-        "|---:|" + "---:|" * (2 * len(MODELS) + 2)]
+        + ["trivial run", "1 MB all-reduce", "its floor"]) + " |",
+        "|---:|" + "---:|" * (2 * len(MODELS) + 3)]
     for n in counts:
         cells = [cell(f"{kind} {m} x{n}", f"{kind} {m} x{first}", "steps/s")
                  for kind in ("fit", "ddp") for m in MODELS]
         cells += [cell(f"trivial run x{n}", f"trivial run x{first}", "µs"),
-                  cell(f"1 MB all-reduce x{n}", f"1 MB all-reduce x{first}", "ms")]
+                  cell(f"1 MB all-reduce x{n}", f"1 MB all-reduce x{first}", "ms"),
+                  cell(f"1 MB all-reduce floor x{n}", f"1 MB all-reduce x{first}", "ms")]
         rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -144,6 +150,8 @@ def targets(figures: dict[str, float | None]) -> list[str]:
         ("trivial strategy.run at 8 <= 2x its time at 2", "trivial run x8", "trivial run x2",
          2.0, False),
         ("1 MB all-reduce at 8 <= 3x its time at 2", "1 MB all-reduce x8",
+         "1 MB all-reduce x2", 3.0, False),
+        ("floor at 8 <= 3x all-reduce at 2 (possible?)", "1 MB all-reduce floor x8",
          "1 MB all-reduce x2", 3.0, False),
         *((f"fit >= 1.5x torch DDP at {n} replicas, batch {BATCH}", f"fit {m} x{n}",
            f"ddp {m} x{n}", 1.5, True) for n in (2, 4, 8)),

@@ -3,7 +3,9 @@ an embedded cluster, in one process; prints one JSON line.
 
 The all-reduce is timed on the workers, in a loop inside one step (after one all-reduce that
 lines the replicas up), so what is measured is the collective itself, not the skew of the
-step's arrival at each replica. Run: `python bench/baselines/scale_micro.py --replicas 8`.
+step's arrival at each replica. Next to it, `floor_ms`: the memory work the all-reduce cannot
+skip at this replica count, timed in this process and shared by the cores
+(allreduce_floor.py). Run: `python bench/baselines/scale_micro.py --replicas 8`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import statistics
 import time
 
 import numpy as np
+from allreduce_floor import floor  # bench/baselines is on sys.path as a script
 
 import labdist as ld
 
@@ -42,6 +45,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20, help="all-reduces per loop")
     p.add_argument("--bytes", type=int, default=MB)
     args = p.parse_args()
+    bound = floor(args.replicas, args.bytes)  # before the replicas start: this process alone
     with ld.MirroredStrategy(num_replicas=args.replicas, device="cpu") as strategy:
         for _ in range(20):
             strategy.run(lambda: 1)
@@ -57,9 +61,20 @@ def main() -> None:
             got = strategy.experimental_local_results(
                 strategy.run(all_reduce_loop, args=(n, args.reps)))
             reduce.append(max(float(s) for s in got))
+        measured = statistics.median(reduce)
+        ms = {k: bound[k] * 1e3 for k in ("floor", "copy_in", "sum", "copy_out")}
+        print(f"{args.replicas} replicas: {args.bytes / MB:g} MB all-reduce "
+              f"{measured * 1e3:.3f} ms; floor {ms['floor']:.3f} ms (copy in "
+              f"{ms['copy_in']:.3f} + sum {ms['sum']:.3f} + copy out {ms['copy_out']:.3f} ms "
+              f"over {bound['cores']} cores): {measured / bound['floor']:.1f}x the floor",
+              flush=True)
         print(json.dumps({"replicas": args.replicas, "transport": strategy.transport,
                           "trivial_run_us": statistics.median(trivial) * 1e6,
-                          "all_reduce_ms": statistics.median(reduce) * 1e3}), flush=True)
+                          "all_reduce_ms": measured * 1e3,
+                          "floor_ms": bound["floor"] * 1e3,
+                          "floor_parts_ms": {k: bound[k] * 1e3
+                                             for k in ("copy_in", "sum", "copy_out")}}),
+              flush=True)
 
 
 if __name__ == "__main__":

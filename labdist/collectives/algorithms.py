@@ -11,6 +11,7 @@ same error, never hang.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -140,12 +141,13 @@ def gather_segments(comm, seq: int, kind: str, arrays: list[np.ndarray]) -> None
     _gather(comm, seq, kind, [a.reshape(-1) for a in arrays], phase=0)
 
 
-def _bounds(size: int, world: int, owners: int | None = None) -> list[int]:
+@functools.lru_cache(maxsize=256)  # a training loop asks for the same few every step
+def _bounds(size: int, world: int, owners: int | None = None) -> tuple[int, ...]:
     """Where each rank's segment of `size` elements starts (and the end): integer arithmetic,
     the same on every rank. Ranks from `owners` on (shared.owners) own empty segments."""
     if owners is None or owners >= world:
-        return [size * d // world for d in range(world + 1)]
-    return [size * min(d, owners) // owners for d in range(world + 1)]
+        return tuple(size * d // world for d in range(world + 1))
+    return tuple(size * min(d, owners) // owners for d in range(world + 1))
 
 
 def _segmented(comm, seq, kind, sig, flats, outs, reduce_into) -> None:

@@ -11,12 +11,8 @@ their mailbox. Each rank decides this for its own messages only, so no rank has 
 another, and the next message that fits takes shared memory again. The step gets a warning
 naming /dev/shm and its size.
 
-A data area never shrinks within a step. One larger than HIGH_WATER_BYTES (what an outsized
-collective, say a 1 GiB all-reduce, grew) is dropped when a run starts after one that needed
-less than 1/SHRINK_FACTOR of it; below that, every REVIEW_RUNS runs (steps), one larger than
-max(KEEP_BYTES, SHRINK_FACTOR x the largest area those runs needed) is. The next message
-makes one of the size it needs. A training loop's areas stay put (every step needs about the
-same), and an outsized collective's memory is gone by the end of the second run after it.
+A data area never shrinks within a step; one much larger than recent runs needed is dropped
+when a run starts (shm_review.py), and the next message makes one of the size it needs.
 Peers that mapped the dropped area let go of it when they read this replica's next message
 (it names the new area); the check is arithmetic, no system call.
 
@@ -44,13 +40,15 @@ from labdist.collectives.transports import shm_area as area
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
 from labdist.collectives.transports.shm_layout import Layouts
+from labdist.collectives.transports.shm_review import (  # noqa: F401 (tests read them here)
+    HIGH_WATER_BYTES,
+    KEEP_BYTES,
+    REVIEW_RUNS,
+    SHRINK_FACTOR,
+    AreaReview,
+)
 from labdist.collectives.transports.shm_wake import Doorbell
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
-
-REVIEW_RUNS = 16  # runs between reviews of the data area's size
-KEEP_BYTES = 16 << 20  # a data area this small is kept whatever the recent need
-HIGH_WATER_BYTES = 64 << 20  # a larger one is kept only while every run needs it
-SHRINK_FACTOR = 4  # larger than this many times the recent need: dropped at the review
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +84,10 @@ class ShmTransport:
         # arrays at the same places
         self._parsed: dict[tuple[int, int], tuple[tuple, tuple[Any, list]]] = {}
         self._layouts = Layouts()  # our messages of arrays, laid out once per shape
+        self._metas: list[tuple | None] = [None, None]  # per slot: the layout whose meta is there
         self._dask = DaskTransport(endpoint)  # for messages /dev/shm has no room for
         self._full = False  # the last message did not fit (warned once until one fits)
-        self._runs = self._peak = 0  # since the last review: runs, largest area needed
-        self._run_peak = 0  # the largest area this run needed so far
+        self._review = AreaReview()  # when to drop an outsized data area
         self._files = threading.Lock()  # making or removing our files vs close
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
@@ -126,15 +124,9 @@ class ShmTransport:
 
     def start_run(self, run: int) -> None:
         self.run, self.messages = run, 0
-        self._runs += 1
-        last, self._run_peak = self._run_peak, 0
         data = self._data
-        if (data is not None and data.size > HIGH_WATER_BYTES
-                and data.size > SHRINK_FACTOR * last):  # outsized, and the last run did not need it
+        if self._review.start_run(None if data is None else data.size):
             self._drop(data)
-            self._runs = self._peak = 0
-        elif self._runs >= REVIEW_RUNS:
-            self._review()
 
     # -- one exchange -------------------------------------------------------------------------
     def exchange(self, seq: int, phase: int, sig: Any, payload: Any, what: str,
@@ -191,9 +183,7 @@ class ShmTransport:
         else:  # arrays only, laid out as last time: no pickling
             meta, offsets, end, number = layout
             raws = [a.reshape(-1).view(np.uint8) for a in arrays]
-        if 2 * end > self._run_peak:
-            self._run_peak = 2 * end
-            self._peak = max(self._peak, self._run_peak)
+        self._review.need(2 * end)
         if self._data is None or self._data.size < 2 * end:
             self._grow(2 * end)  # NoSpace before anything is written
         self._full = False
@@ -202,7 +192,9 @@ class ShmTransport:
         for raw, off in zip(raws, offsets, strict=False):
             data.bytes[base + off:base + off + raw.nbytes] = raw
         meta_off = base + offsets[-1]
-        data.bytes[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
+        if not number or self._metas[slot] != (number, data.nonce, meta_off):
+            data.bytes[meta_off:meta_off + len(meta)] = np.frombuffer(meta, np.uint8)
+            self._metas[slot] = (number, data.nonce, meta_off) if number else None
         words = self._words[slot]
         words[1:] = (self._generation, data.nonce, data.size, meta_off, len(meta), number)
         words[0] = stamp  # last: peers may read everything above once they see it
@@ -215,12 +207,11 @@ class ShmTransport:
         sleep again (with N replicas on fewer cores, N^2 wake-ups a message). Two ranks that
         publish at once may each miss the other's stamp; then both stay silent and the
         waiters find the stamps at their next poll timeout (MAX_POLL_MS), so nothing hangs."""
-        peers = self._peer_words
-        if senders is None:
-            if all(words[slot][0] >= stamp for words in peers.values()):
-                self._bell.ring(readers)
-        elif all(peers[r][slot][0] >= stamp for r in senders if r != self.endpoint.rank):
-            self._bell.ring(readers)
+        peers, rank = self._peer_words, self.endpoint.rank
+        for r in (peers if senders is None else senders):  # a loop: this runs every message
+            if r != rank and peers[r][slot][0] < stamp:
+                return
+        self._bell.ring(readers)
 
     def _send_by_dask(self, slot, stamp, seq, phase, sig, payload, what, per_peer, error):
         """Send this message over Dask comms: the stamp first, so that a peer that finds it in
@@ -322,6 +313,8 @@ class ShmTransport:
                     f"replica(s) [{r}]; it never reached it. Raise collective_timeout= on the "
                     "strategy if a step is legitimately this slow.")
             pause = bell.wait(pause)
+            if words[0] >= stamp:  # the usual wake-up: its byte is drained by the next wait
+                return
 
     # -- files --------------------------------------------------------------------------------
     def _grow(self, nbytes: int) -> None:
@@ -344,13 +337,6 @@ class ShmTransport:
             self._data = new
             if old is not None:  # our last message is there, and a peer may not have opened
                 self._retire(old)  # it yet: removed at our next message, once all read it
-
-    def _review(self) -> None:
-        """Drop a data area much larger than the last REVIEW_RUNS runs needed."""
-        data = self._data
-        if data is not None and data.size > max(KEEP_BYTES, SHRINK_FACTOR * self._peak):
-            self._drop(data)
-        self._runs = self._peak = 0
 
     def _drop(self, data: area.Mapping) -> None:
         """Stop using our data area (removed at our next message, once every peer read it)."""

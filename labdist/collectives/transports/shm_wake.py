@@ -68,11 +68,14 @@ class Doorbell:
 
     def drain(self) -> None:
         """Forget earlier rings: call before reading the stamp that decides to wait."""
-        if self._fd is None:
+        fd = self._fd
+        if fd is None:
             return
-        with contextlib.suppress(BlockingIOError):
-            while len(os.read(self._fd, 4096)) == 4096:
+        try:  # not contextlib.suppress: this runs before every wait
+            while len(os.read(fd, 4096)) == 4096:
                 pass
+        except BlockingIOError:
+            pass
 
     def wait(self, pause: float) -> float:
         """Block until a peer rings (at most MAX_POLL_MS), or sleep `pause` without a FIFO;
