@@ -87,7 +87,7 @@ class LaneStepChannel(StepChannel):
 
     def _selector(self) -> selectors.BaseSelector:
         selector, self._spare = self._spare, None
-        return selector if selector is not None else selectors.DefaultSelector()
+        return selector if selector is not None else selectors.PollSelector()
 
     def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
         payloads = []

@@ -119,11 +119,13 @@ class LaneServer:
     answers each request (bytes) with the bytes `handle` returns for it (the answer, already
     pickled); `handle` must not raise. When the driver's connection ends without a goodbye,
     `on_drop` is called (the lane's thread): the driver vanished. The lane serves one driver,
-    once."""
+    once. With `hand_off`, the driver's connection goes to it once authenticated, and whoever
+    took it answers the requests (`answer_one`); this thread only refuses later comers."""
 
     def __init__(self, host: str, handle: Callable[[bytes], Any],
-                 on_drop: Callable[[], None] | None = None):
-        self._handle, self._on_drop = handle, on_drop
+                 on_drop: Callable[[], None] | None = None,
+                 hand_off: Callable[[socket.socket], None] | None = None):
+        self._handle, self._on_drop, self._hand_off = handle, on_drop, hand_off
         self._listener = socket.create_server((host, 0), family=family_of(host))
         self._listener.setblocking(False)
         self.address = (host, self._listener.getsockname()[1])
@@ -143,6 +145,7 @@ class LaneServer:
         selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         pending: dict[socket.socket, tuple[float, bytearray]] = {}  # deadline, bytes so far
         driver: socket.socket | None = None
+        handed: socket.socket | None = None  # the driver's, handed off: not ours to close
         try:
             while not self._closed:
                 now = time.monotonic()
@@ -155,14 +158,18 @@ class LaneServer:
                     elif key.data == "handshake" and key.fileobj in pending:
                         if self._handshake(selector, pending, key.fileobj) and driver is None:
                             driver = key.fileobj
-                            selector.register(driver, selectors.EVENT_READ, "driver")
+                            if self._hand_off is not None:
+                                handed = driver  # read and closed over there from now on
+                                self._hand_off(driver)
+                            else:
+                                selector.register(driver, selectors.EVENT_READ, "driver")
                         elif key.fileobj not in pending:
                             key.fileobj.close()  # refused, or a second driver
                     elif key.data == "driver" and not self._answer(driver):
                         return
         finally:
             for conn in [*pending, driver, self._listener, self._wake_r, self._wake_w]:
-                if conn is not None:
+                if conn is not None and conn is not handed:
                     conn.close()
             selector.close()
 
@@ -208,24 +215,46 @@ class LaneServer:
 
     def _answer(self, conn: socket.socket) -> bool:
         """Answer one request of the driver; False when its connection ended."""
-        try:
-            request = recv_message(conn)
-            if request is None or request == GOODBYE:
-                dropped = request is None
-            else:
-                send_message(conn, self._handle(request))
-                return True
-        except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
-            dropped = True
-        if dropped and not self._closed and self._on_drop is not None:
+        ended = answer_one(conn, self._handle)
+        if ended == DROPPED and not self._closed and self._on_drop is not None:
             self._on_drop()
-        return False
+        return ended is None
 
     def close(self) -> None:
         """Stop serving (the lane's thread closes its sockets: it may be mid-answer)."""
         self._closed = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
+
+
+ENDED = "goodbye"  # the driver closed its lane on purpose
+DROPPED = "dropped"  # the driver's connection ended without a goodbye (or broke)
+
+
+def answer_one(conn: socket.socket, handle: Callable[[bytes], bytes]) -> str | None:
+    """Read one request of the driver and send `handle`'s answer; None, or how the
+    connection ended (ENDED, DROPPED)."""
+    try:
+        request = recv_message(conn)
+        if request is None:
+            return DROPPED
+        if request == GOODBYE:
+            return ENDED
+        send_message(conn, handle(request))
+        return None
+    except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
+        return DROPPED
+
+
+def read_request(conn: socket.socket) -> bytes | str:
+    """One request of the driver, or how the connection ended (ENDED, DROPPED)."""
+    try:
+        request = recv_message(conn)
+    except (OSError, MemoryError):
+        return DROPPED
+    if request is None:
+        return DROPPED
+    return ENDED if request == GOODBYE else request
 
 
 def _drop(selector, pending, conn: socket.socket) -> None:

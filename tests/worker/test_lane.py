@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import socket
 import struct
@@ -265,3 +266,43 @@ def test_an_ipv6_cluster_runs_steps_over_the_lane_and_dask_comms():
         finally:
             strategy.close()
 
+
+
+def _switches() -> dict[str, int]:
+    """Voluntary context switches (wake-ups) of the lane's, the step's and the event loop's
+    threads of this worker process."""
+    out = {}
+    for t in threading.enumerate():
+        name = "loop" if t is threading.main_thread() else t.name
+        if name in ("loop", "labdist-lane") or name.startswith("labdist-replica-"):
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                out[name] = next(int(line.split()[1]) for line in f
+                                 if line.startswith("voluntary_ctxt_switches"))
+    return out
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_a_step_over_the_lane_wakes_only_the_step_thread(mirrored2):
+    """The step thread reads the lane itself: a run is one wake-up on each replica, not a hop
+    from the lane's thread to the step thread and back, nor one through the event loop."""
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"):
+        pytest.skip("needs Linux's /proc to count a thread's wake-ups")
+    strategy, runs = mirrored2, 300
+    assert strategy._group.steps.kind == "lane"
+    client = strategy._group.client
+
+    def step():
+        return 1
+
+    strategy.run(step)
+    before = client.run(_switches)
+    for _ in range(runs):
+        strategy.run(step)
+    after = client.run(_switches)
+    for worker, old in before.items():
+        woke = {name: after[worker][name] - n for name, n in old.items()}
+        stepper = next(name for name in woke if name.startswith("labdist-replica-"))
+        assert woke[stepper] >= runs // 2, woke  # it sleeps between runs (mostly)
+        assert woke["labdist-lane"] <= 5, woke
+        assert woke["loop"] < runs // 2, woke
