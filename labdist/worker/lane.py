@@ -25,6 +25,7 @@ import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -129,6 +130,7 @@ class LaneServer:
         self._listener = socket.create_server((host, 0), family=family_of(host))
         self._listener.setblocking(False)
         self.address = (host, self._listener.getsockname()[1])
+        self._local, self.local_name = _local_listener()
         self.token = secrets.token_hex(16)
         self._wake_r, self._wake_w = socket.socketpair()
         self._closed = False
@@ -142,6 +144,8 @@ class LaneServer:
     def _serve(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self._listener, selectors.EVENT_READ, "accept")
+        if self._local is not None:
+            selector.register(self._local, selectors.EVENT_READ, "accept")
         selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         pending: dict[socket.socket, tuple[float, bytearray]] = {}  # deadline, bytes so far
         driver: socket.socket | None = None
@@ -154,7 +158,7 @@ class LaneServer:
                 timeout = min((d for d, _ in pending.values()), default=now + 3600) - now
                 for key, _ in selector.select(max(timeout, 0)):
                     if key.data == "accept":
-                        self._accept(selector, pending)
+                        self._accept(selector, pending, key.fileobj)
                     elif key.data == "handshake" and key.fileobj in pending:
                         if self._handshake(selector, pending, key.fileobj) and driver is None:
                             driver = key.fileobj
@@ -168,15 +172,16 @@ class LaneServer:
                     elif key.data == "driver" and not self._answer(driver):
                         return
         finally:
-            for conn in [*pending, driver, self._listener, self._wake_r, self._wake_w]:
+            for conn in [*pending, driver, self._listener, self._local, self._wake_r,
+                         self._wake_w]:
                 if conn is not None and conn is not handed:
                     conn.close()
             selector.close()
 
-    def _accept(self, selector, pending) -> None:
+    def _accept(self, selector, pending, listener: socket.socket) -> None:
         for _ in range(HANDSHAKES_MAX):
             try:
-                conn, _ = self._listener.accept()
+                conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # e.g. out of file descriptors: try again on the next wake
@@ -207,7 +212,8 @@ class LaneServer:
         if not chunk or len(token) != size or not hmac.compare_digest(token, self.token.encode()):
             return False
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if conn.family != socket.AF_UNIX:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_message(conn, READY, timeout=HANDSHAKE_TIMEOUT_S)
         except OSError:
             return False
@@ -225,6 +231,26 @@ class LaneServer:
         self._closed = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
+
+
+def _local_listener() -> tuple[socket.socket | None, str | None]:
+    """A Unix socket in Linux's abstract namespace, for a driver on this host: the same
+    protocol and token, at about half the CPU of a loopback TCP connection per message (no
+    TCP stack; measured 15 against 28 µs to send 100 KB, 14 against 24 µs a small round
+    trip). Abstract names belong to a network namespace, so only a driver that shares this
+    one reaches it; elsewhere (or off Linux) (None, None), and drivers use TCP."""
+    if not sys.platform.startswith("linux"):
+        return None, None
+    name = f"\0labdist-lane-{secrets.token_hex(8)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(name)
+        sock.listen(HANDSHAKES_MAX)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        return None, None
+    return sock, name
 
 
 ENDED = "goodbye"  # the driver closed its lane on purpose

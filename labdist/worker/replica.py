@@ -344,7 +344,7 @@ class Replica(QuorumHooks, TransportHooks):
             self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
         return self._fns.load(fn_ref, self.where, self.core.feeds)
 
-    async def lane_open(self) -> tuple[tuple[str, int], str] | None:
+    async def lane_open(self) -> tuple[tuple[str, int], str, str | None] | None:
         """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
         from distributed import get_worker
         from distributed.comm import get_address_host, parse_address
@@ -359,7 +359,7 @@ class Replica(QuorumHooks, TransportHooks):
                                     hand_off=self._hand_lane)
         except OSError:  # cannot listen here: the driver uses actor calls
             return None
-        return self._lane.address, self._lane.token
+        return self._lane.address, self._lane.token, self._lane.local_name
 
     def _hand_lane(self, conn) -> None:
         """The driver's authenticated connection: the step thread reads it from now on."""

@@ -99,6 +99,7 @@ def test_replicas_are_on_hosts_of_their_own(multi, hosts):
     # steps go over the lane (a socket to each worker's own address), not loopback
     channel = multi._group.steps
     assert channel.kind == "lane"
+    assert not any(lane.local for lane in channel._lanes)  # their Unix sockets: out of reach
     peers = sorted(lane.sock.getpeername()[0] for lane in channel._lanes)
     assert peers == hosts.worker_ips
 
