@@ -48,12 +48,18 @@ def family_of(host: str) -> socket.AddressFamily:
 
 
 def send_message(sock: socket.socket, payload: bytes, timeout: float | None = None) -> None:
+    """Header and body in one system call (sendmsg, no copy): the reader wakes once, to a
+    whole message, where a header sent alone woke it to wait again for the body."""
     header = _HEADER.pack(len(payload))
-    if len(payload) < 65536:  # one write: no Nagle-style stall between header and body
-        _send_all(sock, header + payload, timeout)
-    else:
-        _send_all(sock, header, timeout)
-        _send_all(sock, payload, timeout)
+    try:
+        sent = sock.sendmsg([header, payload])
+    except BlockingIOError:  # a non-blocking socket whose buffer is full
+        sent = 0
+    if sent < len(header):
+        _send_all(sock, header[sent:], timeout)
+        sent = len(header)
+    if sent - len(header) < len(payload):
+        _send_all(sock, memoryview(payload)[sent - len(header):], timeout)
 
 
 def recv_message(sock: socket.socket, limit: int | None = None,

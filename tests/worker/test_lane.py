@@ -285,14 +285,14 @@ def test_the_local_socket_asks_for_the_token_too(how):
         if server.local_name is None:
             pytest.skip("no abstract Unix sockets here (Linux only)")
         with _squatting(server.local_name, SQUATTERS[how], n=10):
+            with pytest.raises(ConnectionRefusedError):  # the Unix socket, a wrong token
+                LaneClient(server.address, "0" * 32, timeout=5, local_name=server.local_name)
             client = _promptly(lambda: LaneClient(server.address, server.token, timeout=5,
                                                   local_name=server.local_name))
             assert client.local
             client.send(lane.dumps(("run", 1)))
             assert client.receive() == ("ok", ("run", 1))
             client.close()
-        with pytest.raises(ConnectionRefusedError):  # the same socket, a wrong token
-            LaneClient(server.address, "0" * 32, timeout=5, local_name=server.local_name)
     finally:
         server.close()
 
