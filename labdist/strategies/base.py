@@ -162,8 +162,8 @@ class Strategy(QuorumMethods):
         self._check_open()
         n = self.num_replicas_in_sync
         (args, kwargs), moved = self._inputs.feed((tuple(args), kwargs or {}), steps)
-        args_r = [self._select(args, r, "args") for r in range(n)]
-        kwargs_r = [self._select(kwargs, r, "kwargs") for r in range(n)]
+        args_r = regroup.select_all(args, "args", n, self._id)
+        kwargs_r = regroup.select_all(kwargs, "kwargs", n, self._id)
         run_id = next(self._run_ids)
         events = self._group.start(run_id, fn, args_r, kwargs_r, steps, self._inputs.forget())
         self._inputs.sent(moved, events)
