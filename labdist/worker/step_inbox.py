@@ -66,6 +66,11 @@ class StepInbox:
                 elif key.fileobj is self.lane and box.empty():
                     return LANE
 
+    def current(self) -> socket.socket | None:
+        """The lane (a handed-over one taken up, a detached one closed first), if any."""
+        self._take_up()
+        return self.lane
+
     def close_lane(self) -> None:
         """The lane ended (goodbye, closed by the driver, or detached): on the step thread."""
         lane, self.lane = self.lane, None
@@ -132,8 +137,11 @@ def merge_by_lane(inbox: StepInbox, answer: bytes, dropped) -> tuple[Any, Any]:
     from labdist.worker.lane import DROPPED, read_request, send_message
 
     lost = ReplicaLostError("the driver's lane closed while this step waited in merge_call")
+    conn = inbox.current()
+    if conn is None:  # detached (the replica is closing)
+        return None, lost
     try:
-        send_message(inbox.lane, answer)
+        send_message(conn, answer)
     except OSError:
         _ended(inbox, True, dropped)
         return None, lost
