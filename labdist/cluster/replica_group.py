@@ -285,6 +285,18 @@ class DaskReplicaGroup(ActorGroup):
         self._functions.answered(events, ranks)
         return self._checked(events)
 
+    def scatter(self, arrays: list[Any]) -> list[Any] | None:
+        """Each array copied once to every replica's worker (Dask's scatter, broadcast), as
+        `placed.ScatteredArray`s; None if that fails (a worker gone, no room)."""
+        from labdist.placed import ScatteredArray
+
+        try:
+            futures = self.client.scatter(list(arrays), workers=self.workers, broadcast=True,
+                                          hash=False)
+        except Exception:
+            return None
+        return [ScatteredArray(f, a) for f, a in zip(futures, arrays, strict=True)]
+
     def _checked(self, events: list[StepEvent]) -> list[StepEvent]:
         """Failures because the scheduler went away (workers closing under a step: "Event loop
         is closed", lanes dropping) are that, not the replicas' own errors."""

@@ -339,6 +339,13 @@ class Strategy(QuorumMethods):
         return (self._quorum is None and self.num_replicas_in_sync >= 2
                 and type(self).train_model_steps is Strategy.train_model_steps)
 
+    def scatter_input(self, arrays: list[np.ndarray]) -> list[Any] | None:
+        """`arrays` copied once to every replica's worker (`placed.ScatteredArray`), for `fit`
+        on replicas that do not share the driver's /dev/shm; None where there are no worker
+        processes to copy to, or the copy failed (the batches then travel as before)."""
+        scatter = getattr(self._group, "scatter", None)
+        return None if scatter is None else scatter(arrays)
+
     def train_model_plan(self, step: Callable, plan: Any) -> tuple[Any, Any]:
         """Run a span of a model's epoch from one dispatch: `step(plan)` on every replica
         (a `training.steps.TrainStep` and its `EpochPlan`), which slice their own batches

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest, phases
+from labdist import nest, phases, placed
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
@@ -266,6 +266,7 @@ class Replica(QuorumHooks, TransportHooks):
                                       self.core.thread_id)
         self._worker, self._timeout, self._closed = worker, timeout, False
         self._watch = DriverWatch(worker, worker.get_current_task(), self._driver_gone)
+        placed.use_store(worker.data)  # where `fit`'s scattered input lies (other hosts)
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
