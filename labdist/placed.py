@@ -66,13 +66,14 @@ class PlacedArray:
 
 class ScatteredArray:
     """An array copied once to the memory of every replica's worker by Dask's scatter (driver
-    side), where the replicas do not share the driver's /dev/shm (other hosts). Indexing it
-    gives `PlacedRows` too: a replica takes the rows from its worker's copy."""
+    side), where the replicas do not share the driver's /dev/shm (other hosts): one key per
+    worker (`futures`). Indexing it gives `PlacedRows` too: a replica takes the rows from
+    the copy its worker holds."""
 
-    def __init__(self, future: Any, array: np.ndarray):
-        self._future = future
+    def __init__(self, futures: list[Any], array: np.ndarray):
+        self._futures = futures
         self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
-        self.source = (DASK, future.key, self.shape, self.dtype.str)
+        self.source = (DASK, tuple(f.key for f in futures), self.shape, self.dtype.str)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -84,8 +85,9 @@ class ScatteredArray:
 
     def close(self) -> None:
         """Let go of the copies (the scheduler drops them once no future holds them)."""
-        with contextlib.suppress(Exception):  # a client already closed
-            self._future.release()
+        for future in self._futures:
+            with contextlib.suppress(Exception):  # a client already closed
+                future.release()
 
 
 DASK = "dask"  # a source's first item when the array lies in a Dask worker's memory
@@ -134,11 +136,12 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
 
 
 def _scattered(source: tuple) -> np.ndarray:
-    key = source[1]
-    if not _store or key not in _store[0]:
-        raise RuntimeError(f"this worker holds no copy of the scattered array {key!r}; it is "
-                           "only there while the fit that scattered it runs")
-    return _store[0][key]
+    data = _store[0] if _store else {}
+    for key in source[1]:  # the one of this worker
+        if key in data:
+            return data[key]
+    raise RuntimeError(f"this worker holds no copy of the scattered array {source[1][0]!r}; "
+                       "it is there only while the fit that scattered it runs")
 
 
 def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -158,7 +161,7 @@ def readable(probes: list[tuple[tuple, str]]) -> bool:
     replica before placement is relied on."""
     for source, first in probes:
         if source[0] == DASK:
-            if not _store or source[1] not in _store[0]:
+            if not _store or not any(key in _store[0] for key in source[1]):
                 return False
             continue
         path, shape, dtype = source

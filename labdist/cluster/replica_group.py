@@ -286,16 +286,19 @@ class DaskReplicaGroup(ActorGroup):
         return self._checked(events)
 
     def scatter(self, arrays: list[Any]) -> list[Any] | None:
-        """Each array copied once to every replica's worker (Dask's scatter, broadcast), as
-        `placed.ScatteredArray`s; None if that fails (a worker gone, no room)."""
+        """Each array copied once to every replica's worker, as `placed.ScatteredArray`s;
+        None if that fails (a worker gone, no room). One scatter per worker, so each copy is
+        a key of its own: the scheduler's memory manager drops extra replicas of one key
+        (nothing waits on them), which a broadcast scatter would make."""
         from labdist.placed import ScatteredArray
 
         try:
-            futures = self.client.scatter(list(arrays), workers=self.workers, broadcast=True,
-                                          hash=False)
+            per_worker = [self.client.scatter(list(arrays), workers=[w], hash=False)
+                          for w in self.workers]
         except Exception:
             return None
-        return [ScatteredArray(f, a) for f, a in zip(futures, arrays, strict=True)]
+        return [ScatteredArray([futures[i] for futures in per_worker], a)
+                for i, a in enumerate(arrays)]
 
     def _checked(self, events: list[StepEvent]) -> list[StepEvent]:
         """Failures because the scheduler went away (workers closing under a step: "Event loop

@@ -173,6 +173,11 @@ def test_fit_matches_one_process(multi):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
 
 
+class _Pause(ld.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(2.5)
+
+
 @pytest.mark.timeout(120)
 def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
     """Replicas that do not share the driver's /dev/shm get x and y once, by Dask's scatter,
@@ -192,7 +197,10 @@ def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
                 ld.layers.Dense(4, activation="softmax")], seed=3)
             model.compile(loss="sparse_categorical_crossentropy",
                           optimizer=ld.optimizers.SGD(0.05), steps_per_execution=3)
-        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0)
+        # a pause longer than the scheduler's memory manager's interval (2 s), which drops
+        # extra replicas of a key nothing waits on
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0,
+                            callbacks=[_Pause()])
         results[flag] = (model.get_weights(), history.history["loss"])
         read = [after - before for before, after in zip(
             reads, multi.experimental_local_results(multi.run(lambda: placed.reads)),
