@@ -16,7 +16,7 @@ import numpy as np
 
 from labdist import nest, phases
 from labdist.errors import OutOfRangeError
-from labdist.placed import PlacedArray
+from labdist.placed import PlacedArray, ScatteredArray
 from labdist.values import PerReplica
 
 
@@ -232,7 +232,8 @@ class Batches:
             )
         leaves, self._treedef = nest.flatten(arrays)
         # placed arrays (labdist/placed.py) stay as they are: their rows travel as indices
-        self._arrays = [a if isinstance(a, PlacedArray) else np.asarray(a) for a in leaves]
+        self._arrays = [a if isinstance(a, PlacedArray | ScatteredArray) else np.asarray(a)
+                        for a in leaves]
         lengths = {a.shape[0] if a.ndim else None for a in self._arrays}
         if None in lengths or len(lengths) != 1:
             raise ValueError(

@@ -5,7 +5,9 @@ on the replica as the rows themselves (a numpy array, copied out of the mapping)
 changes: the step gets the same arrays it got before, in the same order.
 
 Placement is only used where every replica reads the driver's file (`readable`, checked once
-per `fit`); elsewhere the batches travel as before. LABDIST_PLACE_INPUT=0 turns it off.
+per `fit`). Where some replica does not (another host), the arrays are copied once to every
+replica's worker with Dask's scatter instead (`ScatteredArray`), and rows are taken from the
+worker's copy. LABDIST_PLACE_INPUT=0 turns both off: the batches travel as before.
 A process keeps the mappings of files that still exist (the driver removes its files when
 `fit` ends), so a worker holds at most the arrays of the fits in progress.
 """
@@ -62,6 +64,42 @@ class PlacedArray:
             os.unlink(self.path)
 
 
+class ScatteredArray:
+    """An array copied once to the memory of every replica's worker by Dask's scatter (driver
+    side), where the replicas do not share the driver's /dev/shm (other hosts): one key per
+    worker (`futures`). Indexing it gives `PlacedRows` too: a replica takes the rows from
+    the copy its worker holds."""
+
+    def __init__(self, futures: list[Any], array: np.ndarray):
+        self._futures = futures
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+        self.source = (DASK, tuple(f.key for f in futures), self.shape, self.dtype.str)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> PlacedRows:
+        if isinstance(index, slice):
+            index = np.arange(self.shape[0])[index]
+        return PlacedRows(self.source, np.asarray(index, dtype=np.int64))
+
+    def close(self) -> None:
+        """Let go of the copies (the scheduler drops them once no future holds them)."""
+        for future in self._futures:
+            with contextlib.suppress(Exception):  # a client already closed
+                future.release()
+
+
+DASK = "dask"  # a source's first item when the array lies in a Dask worker's memory
+_store: list[Any] = []  # the worker's data (Worker.data), set by the replica actor: use_store
+reads = 0  # rows taken from a worker's copy in this process (tests read it)
+
+
+def use_store(data: Any) -> None:
+    """Where this worker process keeps scattered arrays (a Replica actor sets it)."""
+    _store[:] = [data]
+
+
 class PlacedRows:
     """Rows `index` of a placed array: small to pickle, and an ndarray once unpickled."""
 
@@ -83,6 +121,10 @@ class PlacedRows:
 
 def rows(source: tuple, index: np.ndarray) -> np.ndarray:
     """The rows `index` of the placed array `source`, mapped in this process on first use."""
+    if source[0] == DASK:
+        global reads
+        reads += 1
+        return _scattered(source)[index]
     array = _mapped.get(source)
     if array is None:
         path, shape, dtype = source
@@ -91,6 +133,15 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
         array = _map(path, tuple(shape), np.dtype(dtype))
         _mapped[source] = array
     return array[index]  # fancy indexing copies: the step may keep or change its rows
+
+
+def _scattered(source: tuple) -> np.ndarray:
+    data = _store[0] if _store else {}
+    for key in source[1]:  # the one of this worker
+        if key in data:
+            return data[key]
+    raise RuntimeError(f"this worker holds no copy of the scattered array {source[1][0]!r}; "
+                       "it is there only while the fit that scattered it runs")
 
 
 def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -108,7 +159,12 @@ def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
 def readable(probes: list[tuple[tuple, str]]) -> bool:
     """Whether this process reads every placed file (and its first bytes match): run on each
     replica before placement is relied on."""
-    for (path, shape, dtype), first in probes:
+    for source, first in probes:
+        if source[0] == DASK:
+            if not _store or not any(key in _store[0] for key in source[1]):
+                return False
+            continue
+        path, shape, dtype = source
         try:
             with open(path, "rb") as f:
                 if f.read(8).hex() != first:
@@ -120,10 +176,13 @@ def readable(probes: list[tuple[tuple, str]]) -> bool:
     return True
 
 
-def probe(placed: list[PlacedArray]) -> list[tuple[tuple, str]]:
+def probe(placed: list[PlacedArray | ScatteredArray]) -> list[tuple[tuple, str]]:
     """What `readable` checks for `placed`, read here (the driver)."""
     out = []
     for p in placed:
+        if p.source[0] == DASK:
+            out.append((p.source, ""))
+            continue
         with open(p.path, "rb") as f:
             out.append((p.source, f.read(8).hex()))
     return out

@@ -22,12 +22,16 @@ class LaneClient:
     the handshake (the token, then the replica's READY) take at most `timeout`; then the socket
     is non-blocking, and a message that started must go on within the lane's IO timeout."""
 
-    def __init__(self, address: tuple[str, int], token: str, timeout: float):
+    def __init__(self, address: tuple[str, int], token: str, timeout: float,
+                 local_name: str | None = None):
         self.address = tuple(address)
         deadline = time.monotonic() + timeout
-        self.sock = socket.create_connection(self.address, timeout=timeout)
+        self.sock = _local(local_name, timeout) or socket.create_connection(self.address,
+                                                                           timeout=timeout)
+        self.local = self.sock.family == socket.AF_UNIX
         try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self.local:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
             send_message(self.sock, token.encode())
             if recv_message(self.sock, limit=len(READY)) != READY:
@@ -55,17 +59,32 @@ class LaneClient:
             self.sock.close()
 
 
-def connect_lanes(ends: list[tuple[tuple[str, int], str] | None],
-                  timeout: float) -> list[LaneClient] | None:
-    """A lane to each replica from what its `Replica.lane_open` returned; None when any
+def _local(name: str | None, timeout: float) -> socket.socket | None:
+    """A connection to the replica's Unix socket (worker/lane.py), if it is on this host."""
+    if name is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(name)
+        return sock
+    except OSError:  # another host (or network namespace): TCP
+        sock.close()
+        return None
+
+
+def connect_lanes(ends: list[tuple | None], timeout: float) -> list[LaneClient] | None:
+    """A lane to each replica from what its `Replica.lane_open` returned (its TCP address,
+    token, and the name of its Unix socket, preferred where it is reached); None when any
     replica has none (Dask's comms use TLS) or not every one is reached within `timeout`."""
     if None in ends:
         return None
     deadline = time.monotonic() + timeout
     lanes: list[LaneClient] = []
     try:
-        for address, token in ends:
-            lanes.append(LaneClient(address, token, max(deadline - time.monotonic(), 1e-3)))
+        for address, token, *local in ends:
+            lanes.append(LaneClient(address, token, max(deadline - time.monotonic(), 1e-3),
+                                    *local))
     except OSError:
         for lane in lanes:
             lane.close()
@@ -87,7 +106,7 @@ class LaneStepChannel(StepChannel):
 
     def _selector(self) -> selectors.BaseSelector:
         selector, self._spare = self._spare, None
-        return selector if selector is not None else selectors.DefaultSelector()
+        return selector if selector is not None else selectors.PollSelector()
 
     def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
         payloads = []

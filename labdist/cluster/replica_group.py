@@ -285,6 +285,21 @@ class DaskReplicaGroup(ActorGroup):
         self._functions.answered(events, ranks)
         return self._checked(events)
 
+    def scatter(self, arrays: list[Any]) -> list[Any] | None:
+        """Each array copied once to every replica's worker, as `placed.ScatteredArray`s;
+        None if that fails (a worker gone, no room). One scatter per worker, so each copy is
+        a key of its own: the scheduler's memory manager drops extra replicas of one key
+        (nothing waits on them), which a broadcast scatter would make."""
+        from labdist.placed import ScatteredArray
+
+        try:
+            per_worker = [self.client.scatter(list(arrays), workers=[w], hash=False)
+                          for w in self.workers]
+        except Exception:
+            return None
+        return [ScatteredArray([futures[i] for futures in per_worker], a)
+                for i, a in enumerate(arrays)]
+
     def _checked(self, events: list[StepEvent]) -> list[StepEvent]:
         """Failures because the scheduler went away (workers closing under a step: "Event loop
         is closed", lanes dropping) are that, not the replicas' own errors."""

@@ -53,6 +53,12 @@ class Mailbox:
         for event in self._wakeups.values():
             event.set()
 
+    def holds_any(self) -> bool:
+        """Whether anything is kept that a new run could drop (safe from any thread: a
+        message that arrives after this said no belongs to the new run or is dropped at the
+        next run's start)."""
+        return bool(self._messages or self._peer_states)
+
     def start_run(self, run: int) -> None:
         """Drop everything left over from earlier runs (an aborted run leaves messages behind)."""
         for key in [k for k in self._messages if k[0] < run]:

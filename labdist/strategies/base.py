@@ -162,8 +162,8 @@ class Strategy(QuorumMethods):
         self._check_open()
         n = self.num_replicas_in_sync
         (args, kwargs), moved = self._inputs.feed((tuple(args), kwargs or {}), steps)
-        args_r = [self._select(args, r, "args") for r in range(n)]
-        kwargs_r = [self._select(kwargs, r, "kwargs") for r in range(n)]
+        args_r = regroup.select_all(args, "args", n, self._id)
+        kwargs_r = regroup.select_all(kwargs, "kwargs", n, self._id)
         run_id = next(self._run_ids)
         events = self._group.start(run_id, fn, args_r, kwargs_r, steps, self._inputs.forget())
         self._inputs.sent(moved, events)
@@ -338,6 +338,13 @@ class Strategy(QuorumMethods):
         workers loop as scheduled functions)."""
         return (self._quorum is None and self.num_replicas_in_sync >= 2
                 and type(self).train_model_steps is Strategy.train_model_steps)
+
+    def scatter_input(self, arrays: list[np.ndarray]) -> list[Any] | None:
+        """`arrays` copied once to every replica's worker (`placed.ScatteredArray`), for `fit`
+        on replicas that do not share the driver's /dev/shm; None where there are no worker
+        processes to copy to, or the copy failed (the batches then travel as before)."""
+        scatter = getattr(self._group, "scatter", None)
+        return None if scatter is None else scatter(arrays)
 
     def train_model_plan(self, step: Callable, plan: Any) -> tuple[Any, Any]:
         """Run a span of a model's epoch from one dispatch: `step(plan)` on every replica

@@ -38,6 +38,17 @@ def select(tree: Any, rank: int, what: str, num_replicas: int, strategy_id: str)
     return nest.map_structure(pick, tree)
 
 
+def select_all(tree: Any, what: str, num_replicas: int, strategy_id: str) -> list[Any]:
+    """`select` for every rank, flattening `tree` once: where no leaf is a PerReplica, every
+    rank of a group of several (whose arguments are pickled, one copy each) gets `tree`
+    itself (checked once), not a rebuilt structure per replica."""
+    leaves, _ = nest.flatten(tree)
+    if num_replicas > 1 and not any(isinstance(x, PerReplica) for x in leaves):
+        select(leaves, 0, what, num_replicas, strategy_id)  # variables of another strategy
+        return [tree] * num_replicas
+    return [select(tree, r, what, num_replicas, strategy_id) for r in range(num_replicas)]
+
+
 def regroup(per_rank: list[Any], what: str, constants: bool = False, results: bool = False,
             wrap_single: bool = False) -> Any:
     """One value per replica as one structure with a PerReplica at each leaf. `results`:

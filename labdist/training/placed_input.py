@@ -22,26 +22,37 @@ from labdist.strategies.base import Strategy
 @contextlib.contextmanager
 def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple[Any, Any]]:
     """(x, y) as placed arrays while the block runs, where the strategy's mirrored replicas
-    all read the driver's /dev/shm; else (x, y) as given. The files go when the block ends."""
+    all read the driver's /dev/shm; else scattered to their workers' memory (other hosts);
+    else (x, y) as given. The files and copies go when the block ends."""
     if (type(strategy).train_model_steps is not Strategy.train_model_steps
             or strategy.num_replicas_in_sync < 2):
         yield x, y  # in-process replicas, or parameter servers (their own input path)
         return
-    arrays = placed.place([x, y])
-    if arrays is None:
+    if not placed.enabled():
         yield x, y
         return
-    try:
+    for place in (placed.place, strategy.scatter_input):  # one host, else Dask's scatter
+        arrays = place([x, y])
+        if arrays is None:
+            continue
         try:
-            seen = strategy.experimental_local_results(
-                strategy.run(placed.readable, args=(placed.probe(arrays),)))
-        except ReplicaLostError:  # fit's first step meets it: quorum training goes on
-            seen = [False]  # without that replica, others raise there as they would have
-        if all(seen):
-            yield arrays[0], arrays[1]
-        else:  # some replica is on another host (or gone)
-            yield x, y
-    finally:
-        for a in arrays:
-            a.close()
+            readable = _readable(strategy, arrays)
+            if readable:
+                yield arrays[0], arrays[1]
+                return
+        finally:
+            for a in arrays:
+                a.close()
+        if readable is None:
+            break
+    yield x, y  # neither (or a replica is gone)
+
+
+def _readable(strategy: Any, arrays: list) -> bool | None:
+    """Whether every replica reads `arrays` where it runs; None when a replica is gone."""
+    try:
+        return all(strategy.experimental_local_results(
+            strategy.run(placed.readable, args=(placed.probe(arrays),))))
+    except ReplicaLostError:  # fit's first step meets it: quorum training goes on
+        return None  # without that replica, others raise there as they would have
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
-import queue
 import threading
 import time
 import traceback
@@ -21,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest, phases
+from labdist import nest, phases, placed
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.input import run_steps
@@ -34,7 +33,9 @@ from labdist.worker.lifetime import DriverWatch, logger
 from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.quorum_hooks import QuorumHooks
 from labdist.worker.step_event import StepEvent, encode, step_error
+from labdist.worker.step_inbox import LANE, StepInbox, merge_by_lane, serve_lane
 from labdist.worker.step_report import StepLog, StepReporter
+from labdist.worker.transport_hooks import TransportHooks
 from labdist.worker.undo import UndoLog
 
 __all__ = ["Replica", "ReplicaCore", "StepEvent"]
@@ -54,8 +55,9 @@ class ReplicaCore:
         self.diverged: set[int] = set()
         self.feeds: dict[str, Any] = {}  # input pipelines that live here (labdist.input)
         self.communication = Communication(comm)  # local SGD / compression settings, counters
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._resume: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox = StepInbox()  # jobs and resumes from actor calls; the lane, once handed
+        self._lane: tuple | None = None  # (handle, encode, dropped) while the lane is served
+        self._by_lane = False  # the running step came by the lane: merge_call answers there
         self._event: Future | None = None
         self.steps = step_log  # where the dashboard's reports come from, if anywhere
         self.undo: UndoLog | None = None  # quorum training: each run's starting state
@@ -107,7 +109,7 @@ class ReplicaCore:
             raise RuntimeError(f"replica {self.rank} is still running an earlier step")
         self._event = Future()
         event = self._event
-        self._jobs.put((run_id, fn, args, kwargs, steps))
+        self.inbox.put(self.inbox.jobs, (run_id, fn, args, kwargs, steps))
         return event
 
     def resume(self, value: Any = None, error: BaseException | None = None) -> Future:
@@ -115,14 +117,20 @@ class ReplicaCore:
         event = self._event
         if event is None:
             raise RuntimeError(f"replica {self.rank} is not waiting in merge_call")
-        self._resume.put((value, error))
+        self.inbox.put(self.inbox.resumes, (value, error))
         return event
 
     def merge(self, seq: int, fn, args: tuple, kwargs: dict) -> Any:
         """Called on the step thread by ReplicaContext.merge_call: report, then wait."""
-        self._signal(StepEvent("merge", seq, (fn, self.to_host(args), self.to_host(kwargs))),
-                     next_event=Future())
-        value, error = self._resume.get()
+        event = StepEvent("merge", seq, (fn, self.to_host(args), self.to_host(kwargs)))
+        if self._by_lane:
+            _, encode_event, dropped = self._lane
+            answer = encode_event(event)
+            value, error = ((None, answer) if isinstance(answer, TypeError)
+                            else merge_by_lane(self.inbox, answer, dropped))
+        else:
+            self._signal(event, next_event=Future())
+            value, error = self.inbox.resumes.get()
         if error is not None:
             raise error
         return self.to_device(value)
@@ -140,40 +148,66 @@ class ReplicaCore:
         return self.to_host(result)
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        self.inbox.put(self.inbox.jobs, None)
+
+    def attach_lane(self, conn, handle, encode_event, dropped) -> None:
+        """Serve the driver's lane on the step thread (worker/step_inbox.py): `handle(raw)`
+        answers a request (running its step right there), `encode_event` pickles a merge
+        event, `dropped()` reports a driver gone without a goodbye."""
+        self._lane = (handle, encode_event, dropped)
+        self.inbox.attach(conn)
+
+    def run_now(self, run_id: int, fn, args: tuple, kwargs: dict, steps: int = 1
+                ) -> StepEvent:
+        """Run a step that came by the lane, on the step thread (the caller); its merge_calls
+        answer on the lane. Returns its last event."""
+        self._by_lane = True
+        try:
+            return self._run_job((run_id, fn, args, kwargs, steps))
+        finally:
+            self._by_lane = False
 
     def abandon(self, error: BaseException, timeout: float) -> bool:
         """The driver is gone: a step waiting in (or yet to reach) merge_call fails with
         `error`, the thread ends. Whether it ended within `timeout` (a step still computing
         or in a collective may take up to its collective timeout)."""
-        self._resume.put((None, error))
+        self.inbox.put(self.inbox.resumes, (None, error))
         self.stop()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
     def _step_loop(self) -> None:
+        inbox = self.inbox
         while True:
-            job = self._jobs.get()
+            job = inbox.next(inbox.jobs)
+            if job is LANE:
+                serve_lane(inbox, self._lane[0], self._lane[2])
+                continue
             if job is None:
+                inbox.close()
                 return
-            run_id, fn, args, kwargs, steps = job
-            if self.undo is not None:
-                self.undo.keep(self.values, run_id)
-            self.comm.start_run(run_id)
-            ctx = ReplicaContext(self, run_id)
-            start = time.time()
-            try:
-                with enter(ctx):
-                    result = run_steps(fn, args, kwargs, steps, self.feeds, self.to_device)
-                event = StepEvent("done", ctx._seq, self.to_host(result), warnings=ctx.warnings)
-            except BaseException as e:  # reported to the driver, which re-raises it
-                event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
-                                  warnings=ctx.warnings, remote_traceback=traceback.format_exc())
-            stop = time.time()
-            phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id})
-            if self.steps is not None:
-                self.steps.record(start, stop, ctx._seq)
-            self._signal(event, next_event=None)
+            self._signal(self._run_job(job), next_event=None)
+
+    def _run_job(self, job: tuple) -> StepEvent:
+        """One queued or lane step, start to end: its last event."""
+        run_id, fn, args, kwargs, steps = job
+        if self.undo is not None:
+            self.undo.keep(self.values, run_id)
+        self.comm.start_run(run_id)
+        ctx = ReplicaContext(self, run_id)
+        start = time.time()
+        try:
+            with enter(ctx):
+                result = run_steps(fn, args, kwargs, steps, self.feeds, self.to_device)
+            event = StepEvent("done", ctx._seq, self.to_host(result), warnings=ctx.warnings)
+        except BaseException as e:  # reported to the driver, which re-raises it
+            event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
+                              warnings=ctx.warnings, remote_traceback=traceback.format_exc())
+        stop = time.time()
+        phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id})
+        if self.steps is not None:
+            self.steps.record(start, stop, ctx._seq)
+        return event
 
     def _signal(self, event: StepEvent, next_event: Future | None) -> None:
         current, self._event = self._event, next_event
@@ -200,7 +234,7 @@ class ReplicaCore:
         return nest.map_structure(move, tree)
 
 
-class Replica(QuorumHooks):
+class Replica(QuorumHooks, TransportHooks):
     """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
 
     def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
@@ -232,6 +266,7 @@ class Replica(QuorumHooks):
                                       self.core.thread_id)
         self._worker, self._timeout, self._closed = worker, timeout, False
         self._watch = DriverWatch(worker, worker.get_current_task(), self._driver_gone)
+        placed.use_store(worker.data)  # where `fit`'s scattered input lies (other hosts)
 
     async def info(self) -> dict:
         return {"address": self.address, "pid": os.getpid(), "backend": self.core.backend.name,
@@ -265,13 +300,20 @@ class Replica(QuorumHooks):
         return answer
 
     def _lane_request(self, raw: bytes) -> bytes:
-        """The same for a request that came by the lane (on the lane's thread); never raises,
-        so the lane always answers and stays in step with the driver."""
+        """The same for a request that came by the lane, on the step thread, which runs the
+        step right here (worker/step_inbox.py); never raises, so the lane always answers and
+        stays in step with the driver."""
         try:
-            next_event = self._step(raw)
-            while isinstance(answer := encode(next_event.result(), self.where), TypeError):
-                next_event = self.core.resume(error=answer)
-            return answer
+            request = pickle.loads(raw)
+            if request[0] != "run":  # a resume the step would have taken in merge_call
+                raise RuntimeError(f"replica {self.core.rank} is not waiting in merge_call")
+            _, run_id, fn_ref, args, kwargs, steps = request
+            fn = self._load(run_id, fn_ref)
+        except Exception as e:
+            return encode(StepEvent("error", 0, error=picklable_error(e),
+                                    remote_traceback=traceback.format_exc()), self.where)
+        try:
+            return encode(self.core.run_now(run_id, fn, args, kwargs, steps), self.where)
         except Exception as e:
             return encode(StepEvent("error", 0, error=RuntimeError(
                 f"{self.where} could not answer a step request: {type(e).__name__}: {e}"),
@@ -286,11 +328,7 @@ class Replica(QuorumHooks):
                 request = pickle.loads(request)
             if request[0] == "run":
                 _, run_id, fn_ref, args, kwargs, steps = request
-                mailbox = self.core.comm.mailbox
-                if mailbox is not None:  # the mailbox belongs to the event loop
-                    self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
-                fn = self._fns.load(fn_ref, self.where, self.core.feeds)
-                return self.core.start(run_id, fn, args, kwargs, steps)
+                return self.core.start(run_id, self._load(run_id, fn_ref), args, kwargs, steps)
             _, value, error = request
             return self.core.resume(value, error)
         except Exception as e:
@@ -299,7 +337,15 @@ class Replica(QuorumHooks):
                                         remote_traceback=traceback.format_exc()))
             return failed
 
-    async def lane_open(self) -> tuple[tuple[str, int], str] | None:
+    def _load(self, run_id: int, fn_ref: tuple) -> Any:
+        """A run's step function; the mailbox drops what earlier runs left behind."""
+        mailbox = self.core.comm.mailbox
+        if mailbox is not None and mailbox.holds_any():  # else nothing to drop: no hop to
+            # the event loop (the mailbox belongs to it), no wake-up there
+            self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
+        return self._fns.load(fn_ref, self.where, self.core.feeds)
+
+    async def lane_open(self) -> tuple[tuple[str, int], str, str | None] | None:
         """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
         from distributed import get_worker
         from distributed.comm import get_address_host, parse_address
@@ -310,15 +356,22 @@ class Replica(QuorumHooks):
         self.lane_close()  # one lane at a time
         try:
             self._lane = LaneServer(get_address_host(worker.address), self._lane_request,
-                                    on_drop=self._watch.lane_dropped)
+                                    on_drop=self._watch.lane_dropped,
+                                    hand_off=self._hand_lane)
         except OSError:  # cannot listen here: the driver uses actor calls
             return None
-        return self._lane.address, self._lane.token
+        return self._lane.address, self._lane.token, self._lane.local_name
+
+    def _hand_lane(self, conn) -> None:
+        """The driver's authenticated connection: the step thread reads it from now on."""
+        self.core.attach_lane(conn, self._lane_request, lambda e: encode(e, self.where),
+                              self._watch.lane_dropped)
 
     def lane_close(self) -> None:
         if self._lane is not None:
             self._lane.close()
             self._lane = None
+            self.core.inbox.detach()
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
@@ -327,40 +380,6 @@ class Replica(QuorumHooks):
 
     def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
         return self.core.update(self._fns.load_bytes(fn_bytes), args, kwargs)
-
-    async def transport_probe(self, name: str) -> Any | None:
-        """Open transport `name` here; what peers need to connect to it, or None where this
-        replica cannot use it."""
-        from labdist.collectives import registry
-
-        transport = registry.create(name, self.core.comm.endpoint)
-        probe = transport.probe()
-        if probe is None:
-            transport.close()
-            return None
-        previous = self._opened.pop(name, None)
-        if previous is not None:
-            previous.close()
-        self._opened[name] = transport
-        return probe
-
-    async def transport_bootstrap(self, name: str, probes: list[Any]) -> Any:
-        """On rank 0, for transports that need one rank to set the group up (NCCL's id)."""
-        return self._opened[name].bootstrap(probes)
-
-    async def transport_connect(self, name: str, probes: list[Any], *root: Any) -> bool:
-        """Whether every peer is reachable over `name`, given every rank's probe (and rank 0's
-        bootstrap, if any); a thread: some transports block until every rank has joined."""
-        return await asyncio.to_thread(self._opened[name].connect, probes, *root)
-
-    async def transport_use(self, names: list[str]) -> None:
-        """Carry collectives over the transports the group chose; close the others opened."""
-        opened, self._opened = self._opened, {}
-        for name, transport in opened.items():
-            if name in names:
-                self.core.comm.use(transport)
-            else:
-                transport.close()
 
     async def close(self) -> None:
         if self._closed:

@@ -28,6 +28,7 @@ from strategies.test_semantics import (  # noqa: F401
 )
 
 import labdist as ld
+from labdist import placed
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES
 
 pytestmark = pytest.mark.multihost
@@ -99,6 +100,7 @@ def test_replicas_are_on_hosts_of_their_own(multi, hosts):
     # steps go over the lane (a socket to each worker's own address), not loopback
     channel = multi._group.steps
     assert channel.kind == "lane"
+    assert not any(lane.local for lane in channel._lanes)  # their Unix sockets: out of reach
     peers = sorted(lane.sock.getpeername()[0] for lane in channel._lanes)
     assert peers == hosts.worker_ips
 
@@ -169,6 +171,47 @@ def test_fit_matches_one_process(multi):
     np.testing.assert_allclose(loss1, loss2, rtol=1e-5)
     for a, b in zip(w1, w2, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+class _Pause(ld.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(2.5)
+
+
+@pytest.mark.timeout(120)
+def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
+    """Replicas that do not share the driver's /dev/shm get x and y once, by Dask's scatter,
+    and take every batch's rows from their worker's copy: the same weights, bit for bit, as
+    batches sent from the driver; the copies are gone when `fit` ends."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(12 * 32 + 5, 16)).astype(np.float32)
+    y = rng.integers(0, 4, len(x))
+    client = multi._group.client
+    results = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv(placed.ENV, flag)
+        reads = multi.experimental_local_results(multi.run(lambda: placed.reads))
+        with multi.scope():
+            model = ld.models.Sequential([
+                ld.layers.Dense(8, activation="relu", input_shape=(16,)),
+                ld.layers.Dense(4, activation="softmax")], seed=3)
+            model.compile(loss="sparse_categorical_crossentropy",
+                          optimizer=ld.optimizers.SGD(0.05), steps_per_execution=3)
+        # a pause longer than the scheduler's memory manager's interval (2 s), which drops
+        # extra replicas of a key nothing waits on
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0,
+                            callbacks=[_Pause()])
+        results[flag] = (model.get_weights(), history.history["loss"])
+        read = [after - before for before, after in zip(
+            reads, multi.experimental_local_results(multi.run(lambda: placed.reads)),
+            strict=True)]
+        # each replica's x and y rows of every step of both epochs, or none at all
+        assert read == ([2 * 2 * 13] * 2 if flag == "1" else [0, 0])
+    assert client.run(lambda dask_worker: len(dask_worker.data)) == {
+        w: 0 for w in multi.workers}  # the scattered copies went with the fit
+    (w0, loss0), (w1, loss1) = results["0"], results["1"]
+    assert loss0 == loss1
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(w0, w1, strict=True))
 
 
 def _bounded(fn, timeout: float) -> dict:

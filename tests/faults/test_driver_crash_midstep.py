@@ -5,7 +5,8 @@ and mappings than after one clean driver run, measured from outside through /pro
 
 The hard case is a replica left waiting in a collective that its peer will never join (the
 driver died between sending the step to one replica and the other, or after one replica
-finished): it must stop waiting when its driver is gone, not at its collective timeout."""
+finished): it must stop waiting when its driver is gone, not at its collective timeout. A
+replica waiting in merge_call for the driver's answer must let go too."""
 
 from __future__ import annotations
 
@@ -54,8 +55,15 @@ def last_step():  # replica 1 kills the driver (kill -9) while replica 0 waits f
     return ctx.all_reduce("SUM", x)
 
 
+def merge_step():  # both replicas wait in merge_call for a driver replica 1 kills first
+    ctx = ld.get_replica_context()
+    if ctx.replica_id_in_sync_group == 1:
+        os.kill(driver, signal.SIGKILL)
+    return ctx.merge_call(lambda strategy: 1.0)
+
+
 while True:
-    strategy.run(last_step if sys.argv[4] == "midstep" else step)
+    strategy.run({"midstep": last_step, "merge": merge_step}.get(sys.argv[4], step))
 """
 
 
@@ -100,8 +108,9 @@ def test_drivers_killed_mid_collective_leave_nothing(external, transport):
     time.sleep(1)
     before = _usage(pids)
 
-    # two kills from outside in the middle of the loop, then one at the worst moment
-    for crash, how in enumerate(["loop", "loop", "midstep"]):
+    # two kills from outside in the middle of the loop, then one at the worst moment, and one
+    # while the replicas wait in merge_call (over the lane, the step thread reads its resume)
+    for crash, how in enumerate(["loop", "loop", "midstep", "merge"]):
         driver = _driver(external.address, transport, how)
         try:
             if how == "loop":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import socket
 import struct
@@ -66,7 +67,12 @@ def _squatting(address, how, n: int = 3):
     socks = []
     try:
         for _ in range(n):
-            sock = socket.create_connection(tuple(address), timeout=5)
+            if isinstance(address, str | bytes):  # a Unix socket's name
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(5)
+                sock.connect(address)
+            else:
+                sock = socket.create_connection(tuple(address), timeout=5)
             socks.append(sock)
             with contextlib.suppress(OSError):
                 how(sock)
@@ -198,8 +204,9 @@ def test_squatters_before_and_during_a_strategy_leave_it_working(external, monke
     squatters = contextlib.ExitStack()
 
     def squat_first(ends, timeout):  # between lane_open and the driver's connect
-        for address, _ in ends:
-            squatters.enter_context(_squatting(address, SQUATTERS[how]))
+        for address, _, local in ends:
+            for where in (address, local) if local else (address,):
+                squatters.enter_context(_squatting(where, SQUATTERS[how]))
         return connect_lanes(ends, timeout)
 
     monkeypatch.setattr(replica_group, "connect_lanes", squat_first)
@@ -208,9 +215,12 @@ def test_squatters_before_and_during_a_strategy_leave_it_working(external, monke
         strategy = _promptly(lambda: ld.MirroredStrategy(cluster=client, connect_timeout=20))
         try:
             assert strategy._group.steps.kind == "lane"
+            assert all(lane_client.local for lane_client in strategy._group.steps._lanes)
             _check_runs(strategy)
             for lane_client in strategy._group.steps._lanes:  # more, during its life
                 squatters.enter_context(_squatting(lane_client.address, SQUATTERS[how]))
+                squatters.enter_context(_squatting(lane_client.sock.getpeername(),
+                                                   SQUATTERS[how]))
             _check_runs(strategy)
             assert _lane_threads(client) == {w: n + 1 for w, n in before.items()}
         finally:
@@ -265,3 +275,63 @@ def test_an_ipv6_cluster_runs_steps_over_the_lane_and_dask_comms():
         finally:
             strategy.close()
 
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", SQUATTERS)
+def test_the_local_socket_asks_for_the_token_too(how):
+    server = lane.LaneServer("127.0.0.1", _answer)
+    try:
+        if server.local_name is None:
+            pytest.skip("no abstract Unix sockets here (Linux only)")
+        with _squatting(server.local_name, SQUATTERS[how], n=10):
+            with pytest.raises(ConnectionRefusedError):  # the Unix socket, a wrong token
+                LaneClient(server.address, "0" * 32, timeout=5, local_name=server.local_name)
+            client = _promptly(lambda: LaneClient(server.address, server.token, timeout=5,
+                                                  local_name=server.local_name))
+            assert client.local
+            client.send(lane.dumps(("run", 1)))
+            assert client.receive() == ("ok", ("run", 1))
+            client.close()
+    finally:
+        server.close()
+
+
+def _switches() -> dict[str, int]:
+    """Voluntary context switches (wake-ups) of the lane's, the step's and the event loop's
+    threads of this worker process."""
+    out = {}
+    for t in threading.enumerate():
+        name = "loop" if t is threading.main_thread() else t.name
+        if name in ("loop", "labdist-lane") or name.startswith("labdist-replica-"):
+            with open(f"/proc/self/task/{t.native_id}/status") as f:
+                out[name] = next(int(line.split()[1]) for line in f
+                                 if line.startswith("voluntary_ctxt_switches"))
+    return out
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_a_step_over_the_lane_wakes_only_the_step_thread(mirrored2):
+    """The step thread reads the lane itself: a run is one wake-up on each replica, not a hop
+    from the lane's thread to the step thread and back, nor one through the event loop."""
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"):
+        pytest.skip("needs Linux's /proc to count a thread's wake-ups")
+    strategy, runs = mirrored2, 300
+    assert strategy._group.steps.kind == "lane"
+    client = strategy._group.client
+
+    def step():
+        return 1
+
+    strategy.run(step)
+    before = client.run(_switches)
+    for _ in range(runs):
+        strategy.run(step)
+    after = client.run(_switches)
+    for worker, old in before.items():
+        woke = {name: after[worker][name] - n for name, n in old.items()}
+        stepper = next(name for name in woke if name.startswith("labdist-replica-"))
+        assert woke[stepper] >= runs // 2, woke  # it sleeps between runs (mostly)
+        assert woke["labdist-lane"] <= 5, woke
+        assert woke["loop"] < runs // 2, woke
