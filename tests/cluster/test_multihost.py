@@ -207,8 +207,11 @@ def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
             strict=True)]
         # each replica's x and y rows of every step of both epochs, or none at all
         assert read == ([2 * 2 * 13] * 2 if flag == "1" else [0, 0])
-    assert client.run(lambda dask_worker: len(dask_worker.data)) == {
-        w: 0 for w in multi.workers}  # the scattered copies went with the fit
+    deadline = time.monotonic() + 20  # released at fit's end; the workers drop them soon
+    while (held := client.run(lambda dask_worker: len(dask_worker.data))) != {
+            w: 0 for w in multi.workers} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert held == {w: 0 for w in multi.workers}  # the scattered copies went with the fit
     (w0, loss0), (w1, loss1) = results["0"], results["1"]
     assert loss0 == loss1
     assert all(a.tobytes() == b.tobytes() for a, b in zip(w0, w1, strict=True))
