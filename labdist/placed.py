@@ -33,9 +33,24 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() not in ("0", "false", "no", "off")
 
 
-class PlacedArray:
-    """An array written once to a file under /dev/shm (driver side). Indexing it gives
+class _Placed:
+    """What both kinds of placed array share (driver side): a shape, and indexing that gives
     `PlacedRows`, which carry indices only."""
+
+    shape: tuple
+    source: tuple
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> PlacedRows:
+        if isinstance(index, slice):
+            index = np.arange(self.shape[0])[index]
+        return PlacedRows(self.source, np.asarray(index, dtype=np.int64))
+
+
+class PlacedArray(_Placed):
+    """An array written once to a file under /dev/shm (driver side)."""
 
     def __init__(self, array: np.ndarray):
         array = np.ascontiguousarray(array)
@@ -50,38 +65,21 @@ class PlacedArray:
         self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
         self.source = (self.path, self.shape, self.dtype.str)
 
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, index: Any) -> PlacedRows:
-        if isinstance(index, slice):
-            index = np.arange(self.shape[0])[index]
-        return PlacedRows(self.source, np.asarray(index, dtype=np.int64))
-
     def close(self) -> None:
         """Remove the file (replicas that mapped it keep their mapping until they drop it)."""
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
 
-class ScatteredArray:
+class ScatteredArray(_Placed):
     """An array copied once to the memory of every replica's worker by Dask's scatter (driver
     side), where the replicas do not share the driver's /dev/shm (other hosts): one key per
-    worker (`futures`). Indexing it gives `PlacedRows` too: a replica takes the rows from
-    the copy its worker holds."""
+    worker (`futures`). A replica takes a batch's rows from the copy its worker holds."""
 
     def __init__(self, futures: list[Any], array: np.ndarray):
         self._futures = futures
         self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
         self.source = (DASK, tuple(f.key for f in futures), self.shape, self.dtype.str)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, index: Any) -> PlacedRows:
-        if isinstance(index, slice):
-            index = np.arange(self.shape[0])[index]
-        return PlacedRows(self.source, np.asarray(index, dtype=np.int64))
 
     def close(self) -> None:
         """Let go of the copies (the scheduler drops them once no future holds them)."""

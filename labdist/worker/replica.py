@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import pickle
 import threading
 import time
 import traceback
@@ -29,6 +28,7 @@ from labdist.worker import metrics
 from labdist.worker.communication import Communication
 from labdist.worker.context import ReplicaContext, enter
 from labdist.worker.lane import LaneServer
+from labdist.worker.lane_hooks import LaneHooks
 from labdist.worker.lifetime import DriverWatch, logger
 from labdist.worker.loaded import LoadedFunctions
 from labdist.worker.quorum_hooks import QuorumHooks
@@ -234,7 +234,7 @@ class ReplicaCore:
         return nest.map_structure(move, tree)
 
 
-class Replica(QuorumHooks, TransportHooks):
+class Replica(QuorumHooks, TransportHooks, LaneHooks):
     """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
 
     def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
@@ -299,33 +299,11 @@ class Replica(QuorumHooks, TransportHooks):
             next_event = self.core.resume(error=answer)
         return answer
 
-    def _lane_request(self, raw: bytes) -> bytes:
-        """The same for a request that came by the lane, on the step thread, which runs the
-        step right here (worker/step_inbox.py); never raises, so the lane always answers and
-        stays in step with the driver."""
-        try:
-            request = pickle.loads(raw)
-            if request[0] != "run":  # a resume the step would have taken in merge_call
-                raise RuntimeError(f"replica {self.core.rank} is not waiting in merge_call")
-            _, run_id, fn_ref, args, kwargs, steps = request
-            fn = self._load(run_id, fn_ref)
-        except Exception as e:
-            return encode(StepEvent("error", 0, error=picklable_error(e),
-                                    remote_traceback=traceback.format_exc()), self.where)
-        try:
-            return encode(self.core.run_now(run_id, fn, args, kwargs, steps), self.where)
-        except Exception as e:
-            return encode(StepEvent("error", 0, error=RuntimeError(
-                f"{self.where} could not answer a step request: {type(e).__name__}: {e}"),
-                remote_traceback=traceback.format_exc()), self.where)
-
-    def _step(self, request: tuple | bytes) -> Future:
+    def _step(self, request: tuple) -> Future:
         """Start ("run", run_id, fn_ref, args, kwargs, steps) or resume ("resume", value,
-        error) a step (a request from the lane is still pickled); the future of its next event,
-        which is an error event when that fails (e.g. arguments this worker cannot import)."""
+        error) a step for an actor call; the future of its next event, which is an error event
+        when that fails (e.g. arguments this worker cannot import)."""
         try:
-            if isinstance(request, bytes):
-                request = pickle.loads(request)
             if request[0] == "run":
                 _, run_id, fn_ref, args, kwargs, steps = request
                 return self.core.start(run_id, self._load(run_id, fn_ref), args, kwargs, steps)
@@ -344,34 +322,6 @@ class Replica(QuorumHooks, TransportHooks):
             # the event loop (the mailbox belongs to it), no wake-up there
             self._loop.call_soon_threadsafe(mailbox.start_run, run_id)
         return self._fns.load(fn_ref, self.where, self.core.feeds)
-
-    async def lane_open(self) -> tuple[tuple[str, int], str, str | None] | None:
-        """Open the driver's fast lane (worker/lane.py); None where Dask's comms use TLS."""
-        from distributed import get_worker
-        from distributed.comm import get_address_host, parse_address
-
-        worker = get_worker()
-        if parse_address(worker.address)[0] != "tcp":
-            return None
-        self.lane_close()  # one lane at a time
-        try:
-            self._lane = LaneServer(get_address_host(worker.address), self._lane_request,
-                                    on_drop=self._watch.lane_dropped,
-                                    hand_off=self._hand_lane)
-        except OSError:  # cannot listen here: the driver uses actor calls
-            return None
-        return self._lane.address, self._lane.token, self._lane.local_name
-
-    def _hand_lane(self, conn) -> None:
-        """The driver's authenticated connection: the step thread reads it from now on."""
-        self.core.attach_lane(conn, self._lane_request, lambda e: encode(e, self.where),
-                              self._watch.lane_dropped)
-
-    def lane_close(self) -> None:
-        if self._lane is not None:
-            self._lane.close()
-            self._lane = None
-            self.core.inbox.detach()
 
     async def peer_state(self, run_id: int, rank: int, state: str, detail: Any) -> None:
         mailbox = self.core.comm.mailbox
