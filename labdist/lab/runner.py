@@ -73,6 +73,7 @@ class Runner:
         self._closing = False
         self._next_at = 0.0
         self._submitted = 0  # steps handed to the engine (ahead of `completed` while in flight)
+        self._settled = False  # the thread waits for work, with nothing in flight
         self._listeners: list[Callable[[dict], None]] = []
         self.engine = None
         self.link = Link()  # the modelled network on the cluster's workers
@@ -162,6 +163,8 @@ class Runner:
 
     # -- the thread ---------------------------------------------------------------------------
     def _busy(self) -> bool:
+        if self.state == "diverged":  # paused, once what was in flight has landed (async PS)
+            return not self._settled
         return (self.state in ("starting", "running") or bool(self._changes)
                 or bool(self._calls)) and self.state != "closed"
 
@@ -179,8 +182,10 @@ class Runner:
                 while not (self._changes or self._calls or self._closing or self._budget):
                     if self.state not in ("failed", "closed", "diverged"):
                         self.state = "idle"
+                    self._settled = True  # nothing in flight: what `wait` waits for
                     self._cv.notify_all()
                     self._cv.wait()
+                self._settled = False
                 changes, self._changes = self._changes, []
                 self._applying = changes[-1][0] if changes else None
                 calls, self._calls = self._calls, []
