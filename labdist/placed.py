@@ -122,7 +122,12 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
     if source[0] == DASK:
         global reads
         reads += 1
-        return _scattered(source)[index]
+        array = _scattered(source)
+        if array is None:
+            raise RuntimeError(f"this worker holds no copy of the scattered array "
+                               f"{source[1][0]!r}; it is there only while the fit that "
+                               "scattered it runs")
+        return array[index]
     array = _mapped.get(source)
     if array is None:
         path, shape, dtype = source
@@ -133,13 +138,13 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
     return array[index]  # fancy indexing copies: the step may keep or change its rows
 
 
-def _scattered(source: tuple) -> np.ndarray:
+def _scattered(source: tuple) -> np.ndarray | None:
+    """This worker's copy of a scattered array (one of its keys per worker), if it holds one."""
     data = _store[0] if _store else {}
-    for key in source[1]:  # the one of this worker
+    for key in source[1]:
         if key in data:
             return data[key]
-    raise RuntimeError(f"this worker holds no copy of the scattered array {source[1][0]!r}; "
-                       "it is there only while the fit that scattered it runs")
+    return None
 
 
 def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -159,7 +164,7 @@ def readable(probes: list[tuple[tuple, str]]) -> bool:
     replica before placement is relied on."""
     for source, first in probes:
         if source[0] == DASK:
-            if not _store or not any(key in _store[0] for key in source[1]):
+            if _scattered(source) is None:
                 return False
             continue
         path, shape, dtype = source

@@ -127,7 +127,7 @@ class LaneServer:
     pickled); `handle` must not raise. When the driver's connection ends without a goodbye,
     `on_drop` is called (the lane's thread): the driver vanished. The lane serves one driver,
     once. With `hand_off`, the driver's connection goes to it once authenticated, and whoever
-    took it answers the requests (`answer_one`); this thread only refuses later comers."""
+    took it reads the requests (`read_request`); this thread only refuses later comers."""
 
     def __init__(self, host: str, handle: Callable[[bytes], Any],
                  on_drop: Callable[[], None] | None = None,
@@ -266,23 +266,21 @@ DROPPED = "dropped"  # the driver's connection ended without a goodbye (or broke
 def answer_one(conn: socket.socket, handle: Callable[[bytes], bytes]) -> str | None:
     """Read one request of the driver and send `handle`'s answer; None, or how the
     connection ended (ENDED, DROPPED)."""
+    request = read_request(conn)
+    if isinstance(request, str):
+        return request
     try:
-        request = recv_message(conn)
-        if request is None:
-            return DROPPED
-        if request == GOODBYE:
-            return ENDED
         send_message(conn, handle(request))
-        return None
-    except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
+    except OSError:
         return DROPPED
+    return None
 
 
 def read_request(conn: socket.socket) -> bytes | str:
     """One request of the driver, or how the connection ended (ENDED, DROPPED)."""
     try:
         request = recv_message(conn)
-    except (OSError, MemoryError):
+    except (OSError, MemoryError):  # reset, stalled mid-message, a length too big
         return DROPPED
     if request is None:
         return DROPPED

@@ -14,10 +14,14 @@ rings a socketpair, so one `select` covers both sources.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import queue
 import selectors
 import socket
 from typing import Any
+
+from labdist.errors import ReplicaLostError
+from labdist.worker.lane import DROPPED, read_request, send_message
 
 LANE = object()  # what `next` returns when the lane has a request to read
 
@@ -82,10 +86,7 @@ class StepInbox:
 
     def close(self) -> None:
         self.close_lane()
-        incoming, self._incoming = self._incoming, None
-        if incoming is not None:
-            with contextlib.suppress(OSError):
-                incoming.close()
+        self._refuse_incoming()
         self._selector.close()
         for s in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
@@ -95,14 +96,17 @@ class StepInbox:
         if self._drop_lane:
             self._drop_lane = False
             self.close_lane()
-            incoming, self._incoming = self._incoming, None
-            if incoming is not None:
-                with contextlib.suppress(OSError):
-                    incoming.close()
+            self._refuse_incoming()
         elif self._incoming is not None:
             self.close_lane()  # one lane at a time
             self.lane, self._incoming = self._incoming, None
             self._selector.register(self.lane, selectors.EVENT_READ)
+
+    def _refuse_incoming(self) -> None:
+        incoming, self._incoming = self._incoming, None
+        if incoming is not None:
+            with contextlib.suppress(OSError):
+                incoming.close()
 
     def _ring(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):  # full: it wakes anyway
@@ -113,8 +117,6 @@ def serve_lane(inbox: StepInbox, handle, dropped) -> None:
     """Answer the lane's waiting request with `handle(request)` (which runs the step here);
     when the driver's connection ended, close it (and call `dropped()` unless it said
     goodbye)."""
-    from labdist.worker.lane import DROPPED, read_request, send_message
-
     request = read_request(inbox.lane)
     if isinstance(request, str):
         _ended(inbox, request == DROPPED, dropped)
@@ -131,11 +133,6 @@ def serve_lane(inbox: StepInbox, handle, dropped) -> None:
 def merge_by_lane(inbox: StepInbox, answer: bytes, dropped) -> tuple[Any, Any]:
     """Send a merge event (pickled) on the lane and wait for the driver's resume there (or
     for a resume queued by an actor call: `abandon`'s error); returns (value, error)."""
-    import pickle
-
-    from labdist.errors import ReplicaLostError
-    from labdist.worker.lane import DROPPED, read_request, send_message
-
     lost = ReplicaLostError("the driver's lane closed while this step waited in merge_call")
     conn = inbox.current()
     if conn is None:  # detached (the replica is closing)
