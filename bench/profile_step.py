@@ -212,7 +212,8 @@ def profile(steps: int, rounds: int, batch: int = BATCH, log=print) -> dict[str,
         runs = {}
         for mode in MODES:
             args = SimpleNamespace(batch=batch, spe=int(mode.split("_")[1]) if "fit" in mode
-                                   else 1, steps_per_call=1, update="apply")
+                                   else 1, steps_per_call=1, update="apply",
+                                   input="driver")
             make = fit_runner if mode.startswith("fit") else loop_runner
             runs[mode] = make(strategy, x, y, args)
             runs[mode](20)  # warm-up: the step function reaches the replicas, areas grow

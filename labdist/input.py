@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest, phases
+from labdist import nest, phases, placed
 from labdist.errors import OutOfRangeError
 from labdist.placed import PlacedArray, ScatteredArray
 from labdist.values import PerReplica
@@ -68,7 +68,7 @@ def split_batch(batch: Any, num_replicas: int) -> Any:
 class DistributedDataset:
     """Iterates global batches of `dataset` as PerReplica batches; re-iterable if the source is."""
 
-    def __init__(self, dataset: Iterable[Any], num_replicas: int):
+    def __init__(self, dataset: Iterable[Any], num_replicas: int, placement: Any = None):
         if isinstance(dataset, str | bytes) or not isinstance(dataset, Iterable):
             raise TypeError(
                 f"dataset={dataset!r} is not an iterable of global batches (arrays, or "
@@ -76,10 +76,30 @@ class DistributedDataset:
             )
         self._dataset = dataset
         self._num_replicas = num_replicas
+        # where the strategy can place a Batches' arrays (strategies/dataset_placement.py)
+        self._placement = placement if isinstance(dataset, Batches) else None
 
     def __iter__(self) -> DistributedIterator:
-        return DistributedIterator(
-            split_batch(batch, self._num_replicas) for batch in self._dataset)
+        n = self._num_replicas
+        sources = None
+        if self._placement is not None and n > 1:
+            sources = self._placement.sources(self._dataset.arrays)
+        if sources is None:
+            return DistributedIterator(split_batch(batch, n) for batch in self._dataset)
+        return DistributedIterator(_placed_pass(self._dataset, sources, n, self._placement))
+
+
+def _placed_pass(batches: Batches, sources: list[tuple], num_replicas: int,
+                 owner: Any) -> Iterator[Any]:
+    """One pass over `batches` whose arrays are placed (`sources`, kept by `owner`): its
+    elements split as `split_batch` splits them, each shard sent to its replica as indices."""
+    pass_ = iter(batches)
+    while True:
+        try:
+            index = pass_.next_index()
+        except StopIteration:
+            return
+        yield batches.placed_split(sources, index, num_replicas, owner)
 
 
 class DistributedIterator:
@@ -267,9 +287,28 @@ class Batches:
         self._epoch += 1
         return key
 
-    def _batch(self, order: np.ndarray, i: int) -> Any:
-        idx = order[i * self.global_batch_size:(i + 1) * self.global_batch_size]
+    def _batch(self, idx: np.ndarray) -> Any:
         return nest.unflatten(self._treedef, [a[idx] for a in self._arrays])
+
+    @property
+    def arrays(self) -> list[Any]:
+        """The arrays batched, flattened (`nest.flatten` of what was given)."""
+        return list(self._arrays)
+
+    def placed_split(self, sources: list[tuple], index: np.ndarray, num_replicas: int,
+                     owner: Any = None) -> Any:
+        """The batch of samples `index` split across replicas as `split_batch` splits it, each
+        shard read from the placed copies `sources` of the arrays (placed.local_rows, kept
+        by `owner`), so that it travels to its replica as indices."""
+        bounds = shard_bounds(len(index), num_replicas)
+        if self.shuffle or not len(index):
+            shards = [index[bounds[r]:bounds[r + 1]] for r in range(num_replicas)]
+        else:  # samples in order: each shard is a slice (a view here, one copy there)
+            first = int(index[0])
+            shards = [slice(first + bounds[r], first + bounds[r + 1])
+                      for r in range(num_replicas)]
+        return nest.unflatten(self._treedef, [
+            PerReplica(placed.local_rows(s, shard, owner) for shard in shards) for s in sources])
 
 
 class _Pass:
@@ -284,12 +323,17 @@ class _Pass:
         return self
 
     def __next__(self) -> Any:
+        return self._batches._batch(self.next_index())
+
+    def next_index(self) -> np.ndarray:
+        """The samples of the next batch (StopIteration at the end of the pass)."""
         if self._order is None:  # drawn when the pass starts, as a generator would
             self._order = self._batches._order()
         if self._i >= len(self._batches):
             raise StopIteration
         self._i += 1
-        return self._batches._batch(self._order, self._i - 1)
+        size = self._batches.global_batch_size
+        return self._order[(self._i - 1) * size:self._i * size]
 
     def empty(self) -> Any:
         """A batch of no samples: the arrays' structure with 0 rows."""

@@ -4,12 +4,17 @@ replica maps it the first time a batch names it, and a batch's rows (`PlacedRows
 on the replica as the rows themselves (a numpy array, copied out of the mapping). Nothing else
 changes: the step gets the same arrays it got before, in the same order.
 
+A distributed dataset's elements on the driver are `Rows`: read-only arrays that pickle as
+their indices (strategies/dataset_placement.py places the dataset's arrays).
+
 Placement is only used where every replica reads the driver's file (`readable`, checked once
-per `fit`). Where some replica does not (another host), the arrays are copied once to every
-replica's worker with Dask's scatter instead (`ScatteredArray`), and rows are taken from the
-worker's copy. LABDIST_PLACE_INPUT=0 turns both off: the batches travel as before.
-A process keeps the mappings of files that still exist (the driver removes its files when
-`fit` ends), so a worker holds at most the arrays of the fits in progress.
+per `fit` or dataset), and where the arrays take at most a quarter of /dev/shm's free space
+(the collectives need the rest). Where some replica does not read it (another host), `fit`
+copies its arrays once to every replica's worker with Dask's scatter instead
+(`ScatteredArray`), and rows are taken from the worker's copy. LABDIST_PLACE_INPUT=0 turns
+all of it off: the batches travel as before. A process keeps the mappings of files that still
+exist (the driver removes its files when `fit` ends or the dataset goes), so a worker holds at
+most the arrays of the fits and datasets in use.
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ PREFIX = "labdist-input-"
 ENV = "LABDIST_PLACE_INPUT"
 
 _mapped: dict[tuple, np.ndarray] = {}  # (path, shape, dtype) -> the mapped array, per process
+
+
+def file_prefix(kind: str) -> str:
+    """`kind`-<pid>-: the pid where a worker's janitor process and the orphan sweep look for
+    it (collectives/transports/shm_janitor.py), so a driver killed with its files open leaves
+    none behind once its janitor runs (`watch`)."""
+    return f"{kind}-{os.getpid()}-"
 
 
 def enabled() -> bool:
@@ -54,7 +66,7 @@ class PlacedArray(_Placed):
 
     def __init__(self, array: np.ndarray):
         array = np.ascontiguousarray(array)
-        fd, self.path = tempfile.mkstemp(prefix=PREFIX, dir=SHM_DIR)
+        fd, self.path = tempfile.mkstemp(prefix=file_prefix(PREFIX + "rows"), dir=SHM_DIR)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(memoryview(array).cast("B") if array.size else b"")
@@ -117,8 +129,45 @@ class PlacedRows:
         return rows(self.source, self.index)
 
 
-def rows(source: tuple, index: np.ndarray) -> np.ndarray:
-    """The rows `index` of the placed array `source`, mapped in this process on first use."""
+class Rows(np.ndarray):
+    """Rows of a placed array as the driver hands them to its user (a distributed dataset's
+    element): an ordinary read-only ndarray that pickles as its indices, so a replica that
+    unpickles it takes the rows from its own mapping. Anything derived from it (a view, a
+    result of arithmetic) is a plain array again and pickles its data."""
+
+    _placed: tuple | None = None  # (source, index) of these very rows, else None
+    _owner: Any = None  # keeps the placed file while these rows may still be sent
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._placed = self._owner = None
+
+    def __reduce_ex__(self, protocol):
+        if self._placed is None:
+            return np.asarray(self).__reduce_ex__(protocol)
+        return rows, self._placed
+
+
+def local_rows(source: tuple, index: np.ndarray | slice, owner: Any = None) -> Rows:
+    """The rows `index` of `source` read here (the driver), to be sent as indices: read-only,
+    as a tf.data element is immutable, so what a replica reads is what the driver shows. A
+    slice of rows is a view of the placed copy (nothing read until it is used). `owner`
+    (what removes the file when it goes) is kept alive while the rows are."""
+    out = _array(source)[index].view(Rows)
+    out._placed, out._owner = (source, index), owner
+    out.flags.writeable = False
+    return out
+
+
+def rows(source: tuple, index: np.ndarray | slice) -> np.ndarray:
+    """The rows `index` (indices, or a slice) of the placed array `source`, a copy of its own:
+    the step may keep or change its rows."""
+    out = _array(source)[index]
+    return out.copy() if isinstance(index, slice) else out  # fancy indexing copies already
+
+
+def _array(source: tuple) -> np.ndarray:
+    """The placed array `source` in this process: mapped on first use (one host), or this
+    worker's scattered copy."""
     if source[0] == DASK:
         global reads
         reads += 1
@@ -127,7 +176,7 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
             raise RuntimeError(f"this worker holds no copy of the scattered array "
                                f"{source[1][0]!r}; it is there only while the fit that "
                                "scattered it runs")
-        return array[index]
+        return array
     array = _mapped.get(source)
     if array is None:
         path, shape, dtype = source
@@ -135,7 +184,7 @@ def rows(source: tuple, index: np.ndarray) -> np.ndarray:
             del _mapped[old]  # its fit ended: drop the mapping
         array = _map(path, tuple(shape), np.dtype(dtype))
         _mapped[source] = array
-    return array[index]  # fancy indexing copies: the step may keep or change its rows
+    return array
 
 
 def _scattered(source: tuple) -> np.ndarray | None:
@@ -191,10 +240,20 @@ def probe(placed: list[PlacedArray | ScatteredArray]) -> list[tuple[tuple, str]]
     return out
 
 
+SHARE_OF_FREE = 0.25  # the most of /dev/shm's free space that placed input may take
+
+
+def _free_bytes() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
 def place(arrays: list[np.ndarray]) -> list[PlacedArray] | None:
     """Each array written once to /dev/shm; None where that is not possible here."""
     if not enabled() or not os.path.isdir(SHM_DIR):
         return None
+    if sum(a.nbytes for a in arrays) > _free_bytes() * SHARE_OF_FREE:
+        return None  # leave /dev/shm to the collectives, which need it to run at all
     placed: list[PlacedArray] = []
     try:
         for a in arrays:

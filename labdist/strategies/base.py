@@ -28,6 +28,7 @@ from labdist.errors import (
 from labdist.input import DistributedDataset, InputContext, shard_bounds
 from labdist.input_pipelines import DatasetsFromFunction, InputOptions
 from labdist.strategies import failures, quorum, regroup
+from labdist.strategies.dataset_placement import DatasetPlacement
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.inputs import Inputs
 from labdist.strategies.quorum import Quorum
@@ -226,8 +227,10 @@ class Strategy(QuorumMethods):
                                       "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
-        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
-        return DistributedDataset(dataset, self.num_replicas_in_sync)
+        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order).
+        A `labdist.batches(...)` dataset is copied once to where the replicas run, when that
+        is shared memory they all read: its batches then travel as row indices."""
+        return DistributedDataset(dataset, self.num_replicas_in_sync, DatasetPlacement(self))
 
     def distribute_datasets_from_function(
             self, dataset_fn: Callable[[InputContext], Iterable[Any]],

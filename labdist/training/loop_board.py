@@ -19,6 +19,7 @@ import tempfile
 import numpy as np
 
 from labdist import placed
+from labdist.collectives.transports import shm_janitor
 
 PREFIX = "labdist-board-"
 HEAD = 3  # stop, groups written, ended
@@ -37,7 +38,9 @@ class Board:
     def __init__(self, groups: int, width: int):
         self.groups, self.width = int(groups), int(width) + 2  # + samples, steps
         size = HEAD + self.groups * self.width
-        fd, self.path = tempfile.mkstemp(prefix=PREFIX, dir=placed.SHM_DIR)
+        shm_janitor.ensure(placed.SHM_DIR)  # removes the file if this process is killed
+        fd, self.path = tempfile.mkstemp(prefix=placed.file_prefix(PREFIX + "fit"),
+                                         dir=placed.SHM_DIR)
         try:
             os.ftruncate(fd, size * 8)
         finally:

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from labdist import placed
-from labdist.errors import ReplicaLostError
+from labdist.collectives.transports import shm_janitor
+from labdist.strategies import dataset_placement
 from labdist.strategies.base import Strategy
 
 
@@ -31,12 +32,13 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
     if not placed.enabled():
         yield x, y
         return
+    shm_janitor.ensure(placed.SHM_DIR)  # removes the files if this process is killed
     for place in (placed.place, strategy.scatter_input):  # one host, else Dask's scatter
         arrays = place([x, y])
         if arrays is None:
             continue
         try:
-            readable = _readable(strategy, arrays)
+            readable = dataset_placement.readable(strategy, arrays)
             if readable:
                 yield arrays[0], arrays[1]
                 return
@@ -46,13 +48,3 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
         if readable is None:
             break
     yield x, y  # neither (or a replica is gone)
-
-
-def _readable(strategy: Any, arrays: list) -> bool | None:
-    """Whether every replica reads `arrays` where it runs; None when a replica is gone."""
-    try:
-        return all(strategy.experimental_local_results(
-            strategy.run(placed.readable, args=(placed.probe(arrays),))))
-    except ReplicaLostError:  # fit's first step meets it: quorum training goes on
-        return None  # without that replica, others raise there as they would have
-

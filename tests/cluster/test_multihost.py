@@ -178,6 +178,20 @@ class _Pause(ld.callbacks.Callback):
         time.sleep(2.5)
 
 
+def test_a_distributed_dataset_is_not_placed_for_other_hosts(multi):
+    """Replicas that cannot read the driver's /dev/shm get a dataset's rows by value, as
+    before: the probe finds the file unreadable there and the copy is removed at once."""
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    before = set(os.listdir(placed.SHM_DIR))
+    dist = multi.experimental_distribute_dataset(ld.batches(x, 4))
+    sums = [multi.experimental_local_results(multi.run(lambda b: float(b.sum()), args=(b,)))
+            for b in dist]
+    assert sums == [(x[i:i + 2].sum(), x[i + 2:i + 4].sum()) for i in (0, 4)] + [
+        (x[8:9].sum(), x[9:10].sum())]
+    assert type(multi.experimental_local_results(next(iter(dist)))[0]) is np.ndarray
+    assert set(os.listdir(placed.SHM_DIR)) == before
+
+
 @pytest.mark.timeout(120)
 def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
     """Replicas that do not share the driver's /dev/shm get x and y once, by Dask's scatter,

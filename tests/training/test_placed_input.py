@@ -47,7 +47,7 @@ def test_placed_batches_are_today_s_batches_in_the_same_order():
                 np.testing.assert_array_equal(py.rows(), by)
                 shard = px[3:9]  # how the strategy splits a batch among replicas
                 assert pickle.loads(pickle.dumps(shard)).tobytes() == bx[3:9].tobytes()
-        rows = moved._batch(np.arange(len(x)), 0)[0]
+        rows = moved._batch(np.arange(32))[0]
         assert len(pickle.dumps(rows)) < x[:32].nbytes / 2  # indices, not rows
     finally:
         for a in arrays:
@@ -82,3 +82,15 @@ def test_a_replica_drops_the_mappings_of_finished_fits(mirrored2):
 def test_the_switch_turns_placement_off(monkeypatch, flag):
     monkeypatch.setenv(placed.ENV, flag)
     assert placed.place([np.zeros(3)]) is None
+
+
+def test_input_leaves_most_of_dev_shm_to_the_collectives(monkeypatch):
+    """Arrays over a quarter of /dev/shm's free space are not placed: a small /dev/shm (a
+    container's 64 MB) stays available to the all-reduce, and the batches travel as before."""
+    x = np.zeros((100, 10), np.float32)  # 4000 bytes
+    monkeypatch.setattr(placed, "_free_bytes", lambda: 4000 * 4)
+    arrays = placed.place([x])
+    assert arrays is not None
+    arrays[0].close()
+    monkeypatch.setattr(placed, "_free_bytes", lambda: 4000 * 4 - 1)
+    assert placed.place([x]) is None
