@@ -165,6 +165,14 @@ def rows(source: tuple, index: np.ndarray | slice) -> np.ndarray:
     return out.copy() if isinstance(index, slice) else out  # fancy indexing copies already
 
 
+def view(source: tuple, lo: int, hi: int) -> np.ndarray:
+    """Rows lo:hi of the placed array `source`, read-only and not copied: for a reader that
+    only reads them (fit's step on a replica)."""
+    out = _array(source)[lo:hi]
+    out.flags.writeable = False
+    return out
+
+
 def _array(source: tuple) -> np.ndarray:
     """The placed array `source` in this process: mapped on first use (one host), or this
     worker's scattered copy."""

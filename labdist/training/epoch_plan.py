@@ -46,10 +46,14 @@ class EpochPlan:
 
     def shard(self, batch: int, rank: int, num_replicas: int) -> tuple[np.ndarray, np.ndarray]:
         """Replica `rank`'s rows (x, y) of global batch `batch`: the rows the driver would have
-        sent (placed.rows of the same indices, a copy)."""
-        index = _order(self.samples, self.key)[batch * self.batch_size:
-                                               (batch + 1) * self.batch_size]
-        bounds = shard_bounds(len(index), num_replicas)
+        sent (placed.rows of the same indices, a copy; in a pass in order, a read-only view
+        of the placed rows instead: the step only reads them, and no copy is made)."""
+        start = batch * self.batch_size
+        bounds = shard_bounds(self.total(batch), num_replicas)
+        if self.key is None:  # samples in order: the shard is a range of rows
+            lo, hi = start + bounds[rank], start + bounds[rank + 1]
+            return placed.view(self.x, lo, hi), placed.view(self.y, lo, hi)
+        index = _order(self.samples, self.key)[start:start + self.batch_size]
         mine = index[bounds[rank]:bounds[rank + 1]]
         return placed.rows(self.x, mine), placed.rows(self.y, mine)
 
