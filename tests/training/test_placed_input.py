@@ -54,18 +54,24 @@ def test_placed_batches_are_today_s_batches_in_the_same_order():
             a.close()
 
 
+def files() -> set[str]:
+    return set(glob.glob(f"{placed.SHM_DIR}/{placed.PREFIX}*"))
+
+
 def test_fit_on_placed_data_trains_exactly_as_unplaced(monkeypatch, mirrored2):
-    x, y = data()
     results = {}
     for flag in ("0", "1"):
         monkeypatch.setenv(placed.ENV, flag)
-        before = set(glob.glob(f"{placed.SHM_DIR}/{placed.PREFIX}*"))
+        x, y = data()
+        before = files()
         m = model(mirrored2)
         history = m.fit(x, y, batch_size=32, epochs=2, shuffle=True, verbose=0)
         results[flag] = (m.get_weights(), history.history["loss"])
-        assert set(glob.glob(f"{placed.SHM_DIR}/{placed.PREFIX}*")) == before  # removed
+        assert len(files() - before) == (2 if flag == "1" else 0)  # kept while x lives
         if flag == "1":
             assert all(n >= 2 for n in mapped_on_replicas(mirrored2))  # x and y were mapped
+        del x
+        assert files() == before  # x gone: nobody can pass it again, its copy goes
     (w0, loss0), (w1, loss1) = results["0"], results["1"]
     assert loss0 == loss1
     assert all(a.tobytes() == b.tobytes() for a, b in zip(w0, w1, strict=True))
@@ -94,3 +100,38 @@ def test_input_leaves_most_of_dev_shm_to_the_collectives(monkeypatch):
     arrays[0].close()
     monkeypatch.setattr(placed, "_free_bytes", lambda: 4000 * 4 - 1)
     assert placed.place([x]) is None
+
+
+def test_fit_again_on_the_same_arrays_takes_their_copy_unless_they_changed(mirrored2):
+    """The copies outlive a fit while x lives; the next fit on x and y takes them once a
+    compare shows the same bytes, and copies afresh what changed in place meanwhile."""
+    x, y = data()
+    before = files()
+    first = model(mirrored2)
+    first.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    kept = files() - before
+    assert len(kept) == 2
+    first.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    assert files() - before == kept  # the same files: nothing copied again
+    x[:50] *= -1.0  # changed in place: same address, new bytes
+    changed = model(mirrored2)
+    changed.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    assert len(files() - before) == 2 and files() - before != kept  # copied afresh
+    fresh = model(mirrored2)
+    fresh.fit(x.copy(), y.copy(), batch_size=32, epochs=1, shuffle=False, verbose=0)
+    assert all(a.tobytes() == b.tobytes()  # trained on the changed rows, not the old copy
+               for a, b in zip(changed.get_weights(), fresh.get_weights(), strict=True))
+    del x
+    assert files() == before
+
+
+def test_bytes_are_compared_exactly():
+    from labdist.training.placed_input import same
+
+    a = np.arange(1001, dtype=np.float32)  # 4004 bytes: not a whole number of 8-byte words
+    b = a.copy()
+    assert same(a, b, block=64)
+    b[1000] = np.nextafter(b[1000], 2e3)  # one bit, in the last block
+    assert not same(a, b, block=64)
+    c = np.zeros(0, np.float32)
+    assert same(c, c.copy())

@@ -12,6 +12,7 @@ file whose name carries the worker's pid, and exits.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import subprocess
@@ -62,4 +63,18 @@ def ensure(folder: str) -> None:
         if _watched is not None:  # the parent's, inherited through fork
             with contextlib.suppress(OSError):
                 os.close(_watched[1])
+        if _watched is None:
+            atexit.register(_release)
         _watched = (pid, write_end, janitor)
+
+
+def _release() -> None:
+    """At a normal exit: let the janitor go now (it removes what is left, then exits) and
+    reap it, rather than leave a running child behind (Python warns of one)."""
+    watched = _watched
+    if watched is None or watched[0] != os.getpid():
+        return
+    with contextlib.suppress(OSError):
+        os.close(watched[1])
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        watched[2].wait(timeout=2)
