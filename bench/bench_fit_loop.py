@@ -6,7 +6,11 @@ of the per-pair ratios (free / per group) and each side's median steps/s, with t
 the CPU time per step of the driver and of the workers (this process's descendants: the
 cluster's processes), which a loaded machine moves far less than wall time.
 
-Run: `python bench/bench_fit_loop.py [--pairs 7] [--steps 200] [--replicas 2]`.
+`--compare fresh` pairs something else: `fit` again on the same x and y (which takes the
+/dev/shm copy the last `fit` kept, after a compare) against `fit` on fresh copies of them
+(made outside the timing, so each such `fit` pays for writing its copy, as a first `fit` does).
+
+Run: `python bench/bench_fit_loop.py [--pairs 7] [--steps 200] [--replicas 2] [--compare fresh]`.
 """
 
 from __future__ import annotations
@@ -61,10 +65,12 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     p.add_argument("--spe", type=int, nargs="+", default=[1, 10])
+    p.add_argument("--compare", choices=("hook", "fresh"), default="hook",
+                   help="the other side of each pair: fit per group, or on fresh arrays")
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
-    out = {"loadavg_at_start": os.getloadavg(), "rows": []}
+    out = {"loadavg_at_start": os.getloadavg(), "compare": args.compare, "rows": []}
     with ld.MirroredStrategy(num_replicas=args.replicas) as strategy:
         for batch in args.batches:
             x = rng.random((batch * args.steps, 784), dtype=np.float32)
@@ -74,22 +80,27 @@ def main(argv=None) -> int:
 
                 cpus: dict[int, list] = {0: [], 1: []}
 
-                def rate(callbacks, model=model, x=x, y=y, batch=batch, cpus=cpus) -> float:
+                def rate(side: int, model=model, x=x, y=y, batch=batch, cpus=cpus) -> float:
+                    """side 0: the replicas loop on x, y; side 1: per group (a batch hook),
+                    or with --compare fresh, on fresh copies of x and y."""
+                    fresh = side == 1 and args.compare == "fresh"
+                    xs, ys = (x.copy(), y.copy()) if fresh else (x, y)
+                    callbacks = [Hook()] if side == 1 and not fresh else []
                     c0, start = cpu(), time.perf_counter()
-                    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+                    model.fit(xs, ys, batch_size=batch, epochs=1, shuffle=False, verbose=0,
                               callbacks=callbacks)
                     seconds, c1 = time.perf_counter() - start, cpu()
-                    cpus[len(callbacks)].append(
+                    cpus[side].append(
                         ((c1[0] - c0[0]) / args.steps * 1e3, (c1[1] - c0[1]) / args.steps * 1e3))
                     return args.steps / seconds
 
-                rate([]), rate([Hook()])  # warm up both paths
+                rate(0), rate(1)  # warm up both paths
                 cpus[0].clear()
                 cpus[1].clear()
                 free, grouped = [], []
                 for i in range(args.pairs):
-                    order = ([], [Hook()]) if i % 2 == 0 else ([Hook()], [])
-                    got = {len(cb): rate(cb) for cb in order}
+                    order = (0, 1) if i % 2 == 0 else (1, 0)
+                    got = {side: rate(side) for side in order}
                     free.append(got[0])
                     grouped.append(got[1])
                 ratios = [f / g for f, g in zip(free, grouped, strict=True)]
@@ -100,8 +111,10 @@ def main(argv=None) -> int:
                        "ratio": statistics.median(ratios), "ratios": ratios,
                        "cpu_ms_per_step": {"free": ms[0], "per_group": ms[1]}}
                 out["rows"].append(row)
-                print(f"batch {batch:>4} spe {spe:>2}: replicas loop {row['free']:7.1f} "
-                      f"steps/s, driver per group {row['per_group']:7.1f}; ratio "
+                one, other = (("same arrays (kept copy)", "fresh arrays")
+                              if args.compare == "fresh" else ("replicas loop", "driver per group"))
+                print(f"batch {batch:>4} spe {spe:>2}: {one} {row['free']:7.1f} "
+                      f"steps/s, {other} {row['per_group']:7.1f}; ratio "
                       f"{row['ratio']:.2f}x (pairs {min(ratios):.2f}..{max(ratios):.2f}); "
                       f"CPU ms/step driver {ms[0][0]:.2f} vs {ms[1][0]:.2f}, workers "
                       f"{ms[0][1]:.2f} vs {ms[1][1]:.2f}", flush=True)

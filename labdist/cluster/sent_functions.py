@@ -40,10 +40,11 @@ class SentFunctions:
                     self._held[r].discard(old)
                     self._drop[r].append(old)
         self._current = key
-        refs = []
+        refs, alike = [], {}  # equal references are one object: their requests pickle once
         for r in range(n):
             drop, self._drop[r] = (*self._drop[r], *forget), []
-            refs.append((key, None if key in self._held[r] else data, drop))
+            held = key in self._held[r]
+            refs.append(alike.setdefault((held, drop), (key, None if held else data, drop)))
         return refs
 
     def answered(self, events: list, ranks: list[int] | None = None) -> list:
