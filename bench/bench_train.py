@@ -11,9 +11,9 @@ line); the configurations are interleaved in rounds, in a new random order each 
 each figure is the median over the rounds. The report gives the ratios behind issue 26's
 targets and the CPU share other processes took while the bench ran.
 
-`--before PATH` (LABDIST_BENCH_BEFORE) also runs `fit` under the labdist source tree at PATH
-(e.g. `git worktree add /tmp/before <commit>`), interleaved with this tree's, and reports the
-per-round ratios. The targets printed with PASS / FAIL are issue 26's.
+`--before PATH` (LABDIST_BENCH_BEFORE) also runs `fit` and the custom loop under the labdist
+source tree at PATH (e.g. `git worktree add /tmp/before <commit>`), interleaved with this
+tree's, and reports the per-round ratios. The targets printed with PASS / FAIL are issue 26's.
 
 Run: `python bench/bench_train.py [--quick] [--json PATH] [--rounds N] [--only KEYS]`.
 """
@@ -78,13 +78,18 @@ CONFIGS = (
     Config("loop_10_pipes", "labdist custom loop, 10 steps/call, input on the replicas",
            "labdist", "labdist_train.py",
            ("--mode", "loop", "--steps-per-call", "10", "--input", "pipelines")),
-    # the same fit under another labdist tree (--before): interleaved before / after pairs
+    # fit and the custom loop under another labdist tree (--before): before / after pairs
     Config("fit_1_before", "labdist fit spe=1, the --before tree", "before",
            "labdist_train.py", ("--mode", "fit", "--spe", "1")),
     Config("fit_10_before", "labdist fit spe=10, the --before tree", "before",
            "labdist_train.py", ("--mode", "fit", "--spe", "10")),
+    Config("loop_1_before", "labdist custom loop, run per step, the --before tree", "before",
+           "labdist_train.py", ("--mode", "loop")),
+    Config("loop_10_before", "labdist custom loop, 10 steps per call, the --before tree",
+           "before", "labdist_train.py", ("--mode", "loop", "--steps-per-call", "10")),
 )
-PAIRS = (("fit_1", "fit_1_before"), ("fit_10", "fit_10_before"))
+PAIRS = (("fit_1", "fit_1_before"), ("fit_10", "fit_10_before"), ("loop_1", "loop_1_before"),
+         ("loop_10", "loop_10_before"))
 BY_KEY = {c.key: c for c in CONFIGS}
 
 
