@@ -227,9 +227,8 @@ class Strategy(QuorumMethods):
                                       "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
-        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order).
-        A `labdist.batches(...)` dataset is copied once to where the replicas run, when that
-        is shared memory they all read: its batches then travel as row indices."""
+        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order);
+        an `ld.batches` one travels as row indices where it can (dataset_placement.py)."""
         return DistributedDataset(dataset, self.num_replicas_in_sync, DatasetPlacement(self))
 
     def distribute_datasets_from_function(
