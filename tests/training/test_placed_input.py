@@ -4,6 +4,7 @@ indices, yet trains on exactly the batches of unplaced data, in TF's order for t
 from __future__ import annotations
 
 import glob
+import os
 import pickle
 
 import numpy as np
@@ -135,3 +136,24 @@ def test_bytes_are_compared_exactly():
     assert not same(a, b, block=64)
     c = np.zeros(0, np.float32)
     assert same(c, c.copy())
+
+
+
+def test_a_copy_in_use_is_closed_only_when_its_fit_gives_it_back():
+    """Two fits at once (two threads) on other arrays: the second takes the kept copy's place,
+    yet the first's files stay until the first gives them back (a replica that had not mapped
+    them yet would fail on a removed file)."""
+    from labdist.training.placed_input import Kept
+
+    kept = Kept()
+    a, b = data(50), data(60)
+    first = kept.take(list(a))
+    second = kept.take(list(b))  # another fit, while the first runs
+    paths = [p.path for p in first]
+    assert all(os.path.exists(p) for p in paths)
+    kept.give_back(first, keep=True)
+    assert not any(os.path.exists(p) for p in paths)  # no longer kept, no longer used
+    kept.give_back(second, keep=True)
+    assert kept.take(list(b)) is second  # kept for the next fit on b
+    kept.give_back(second, keep=False)  # unreadable on some replica: not worth keeping
+    assert not any(os.path.exists(p.path) for p in second)
