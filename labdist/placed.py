@@ -35,9 +35,9 @@ _mapped: dict[tuple, np.ndarray] = {}  # (path, shape, dtype) -> the mapped arra
 
 
 def file_prefix(kind: str) -> str:
-    """`kind`-<pid>-: the pid where a worker's janitor process and the orphan sweep look for
-    it (collectives/transports/shm_janitor.py), so a driver killed with its files open leaves
-    none behind once its janitor runs (`watch`)."""
+    """`kind`-<pid>-: the pid where a process's janitor and the orphan sweep look for it
+    (collectives/transports/shm_janitor.py, which the callers of `place` start), so a driver
+    killed with its files open leaves none behind."""
     return f"{kind}-{os.getpid()}-"
 
 
