@@ -248,6 +248,12 @@ def probe(placed: list[PlacedArray | ScatteredArray]) -> list[tuple[tuple, str]]
     return out
 
 
+def close_all(arrays: list[PlacedArray | ScatteredArray]) -> None:
+    """Remove the files (or let go of the copies) of `arrays`."""
+    for a in arrays:
+        a.close()
+
+
 SHARE_OF_FREE = 0.25  # the most of /dev/shm's free space that placed input may take
 
 
@@ -267,7 +273,6 @@ def place(arrays: list[np.ndarray]) -> list[PlacedArray] | None:
         for a in arrays:
             placed.append(PlacedArray(a))
     except OSError:
-        for p in placed:
-            p.close()
+        close_all(placed)
         return None
     return placed

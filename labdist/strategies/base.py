@@ -227,8 +227,7 @@ class Strategy(QuorumMethods):
                                       "values")
 
     def experimental_distribute_dataset(self, dataset: Iterable[Any]) -> DistributedDataset:
-        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order);
-        an `ld.batches` one travels as row indices where it can (dataset_placement.py)."""
+        """Split each global batch of `dataset` across replicas (ceil-sized chunks, in order)."""
         return DistributedDataset(dataset, self.num_replicas_in_sync, DatasetPlacement(self))
 
     def distribute_datasets_from_function(

@@ -59,7 +59,7 @@ class DatasetPlacement:
             if self._placed is None:
                 self._refused = True
                 return None
-            weakref.finalize(self, _close, self._placed)
+            weakref.finalize(self, placed.close_all, self._placed)
         group = strategy._group
         if self._group is not group:
             try:
@@ -68,12 +68,7 @@ class DatasetPlacement:
                 return None
             if not ok:
                 self._refused = True
-                _close(self._placed)
+                placed.close_all(self._placed)
                 return None
             self._group = group
         return [p.source for p in self._placed]
-
-
-def _close(arrays: list[placed.PlacedArray]) -> None:
-    for a in arrays:
-        a.close()

@@ -54,7 +54,7 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
             if in_shm:
                 KEPT.give_back(arrays, keep=bool(readable))
             else:
-                _close(arrays)  # scattered copies go with the fit
+                placed.close_all(arrays)  # scattered copies go with the fit
         if readable is None:
             break
     yield x, y  # neither (or a replica is gone)
@@ -103,7 +103,7 @@ class Kept:
             if not keep and self._arrays is arrays:
                 self._key = self._arrays = None
             if not left and self._arrays is not arrays:
-                _close(arrays)
+                placed.close_all(arrays)
 
     def _forget(self, arrays: list) -> None:
         with self._lock:
@@ -114,7 +114,7 @@ class Kept:
         """Stop keeping the current copies (closed now, or when their last fit ends)."""
         old, self._key, self._arrays = self._arrays, None, None
         if old is not None and id(old) not in self._users:
-            _close(old)
+            placed.close_all(old)
 
 
 KEPT = Kept()
@@ -138,8 +138,3 @@ def same(a: np.ndarray, b: np.ndarray, block: int = 1 << 18) -> bool:
         if not np.equal(a[i:i + n], b[i:i + n], out=equal[:n]).all():
             return False
     return True
-
-
-def _close(arrays: list) -> None:
-    for a in arrays:
-        a.close()
