@@ -14,6 +14,7 @@ from distributed import Client, LocalCluster, Security
 
 from labdist.cluster import capacity, threads
 from labdist.cluster.probe import probe_scheduler
+from labdist.collectives.transports import shm_wake
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
 
@@ -39,6 +40,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
             f"num_replicas={n_workers} but {len(gpus)} GPU(s) are visible "
             f"(CUDA_VISIBLE_DEVICES entries {', '.join(gpus)}): each replica needs a GPU of "
             f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
+    shm_wake.spin_seconds()  # a bad LABDIST_SPIN_US fails here, before any worker starts
     threads.export(n_workers)  # BLAS threads: the cores split among the replicas
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=64 KiB, which makes numpy temporaries ~2x
     # slower; glibc's own trimming still hands a step's freed temporaries back to the kernel,

@@ -5,7 +5,9 @@ mode and dtype, and waits that sleep in the kernel instead of spinning."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import sys
 import threading
 import time
 
@@ -183,6 +185,67 @@ def test_without_fifos_waits_poll_the_stamp(monkeypatch):
     finally:
         for t in ranks:
             t.close()
+
+
+def _waits_that_slept(monkeypatch, spin_us: str, late_s: float, cores: int | None = None
+                      ) -> tuple[int, float]:
+    """How often rank 0 slept in poll() waiting for a peer `late_s` late, and its CPU s."""
+    monkeypatch.setenv(shm_wake.SPIN_ENV, spin_us)
+    if cores is not None:
+        monkeypatch.setattr(shm, "_cores", lambda: cores)
+    slept = []
+    real_wait = shm_wake.Doorbell.wait
+
+    def wait(self, pause):
+        slept.append(threading.get_ident())
+        return real_wait(self, pause)
+    monkeypatch.setattr(shm_wake.Doorbell, "wait", wait)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # both ranks are threads here: let the late one take the GIL
+    ranks = _pair(secrets.token_hex(8))
+    try:
+        values, cpu = _exchange_late(ranks, late_s)
+        assert values == [[1.0, 2.0], [1.0, 2.0]]
+    finally:
+        sys.setswitchinterval(old)
+        for t in ranks:
+            t.close()
+    return len(slept), cpu
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_a_moment_late_is_awaited_spinning_not_sleeping(monkeypatch):
+    """With no more ranks than cores a waiter spins a little before it sleeps, so a peer that
+    comes within the spin costs no sleep and wake-up; with spinning off it sleeps."""
+    slept, _ = _waits_that_slept(monkeypatch, "10000", 0.001, cores=2)
+    assert slept == 0
+    slept, _ = _waits_that_slept(monkeypatch, "0", 0.002, cores=2)
+    assert slept >= 1
+
+
+@pytest.mark.timeout(60)
+def test_ranks_outnumbering_cores_never_spin(monkeypatch):
+    """A spinning rank would take the core the awaited one needs: with 2 ranks and 1 core the
+    waiter sleeps at once, even for a peer that comes well within the spin."""
+    slept, _ = _waits_that_slept(monkeypatch, "10000", 0.002, cores=1)
+    assert slept >= 1
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "10001", "1.5"])
+def test_a_bad_spin_setting_is_refused_naming_it(monkeypatch, value):
+    monkeypatch.setenv(shm_wake.SPIN_ENV, value)
+    with pytest.raises(ValueError, match=rf"LABDIST_SPIN_US='{re.escape(value)}' is not "
+                                         r"allowed; use an integer from 0"):
+        shm_wake.spin_seconds()
+    with pytest.raises(ValueError, match="LABDIST_SPIN_US"):  # before any worker starts
+        ld.MirroredStrategy(num_replicas=2)
+
+
+def test_the_spin_setting_defaults_and_turns_off(monkeypatch):
+    monkeypatch.delenv(shm_wake.SPIN_ENV, raising=False)
+    assert shm_wake.spin_seconds() == shm_wake.SPIN_US * 1e-6
+    monkeypatch.setenv(shm_wake.SPIN_ENV, " 0 ")
+    assert shm_wake.spin_seconds() == 0.0
 
 
 def _blas_threads() -> dict:

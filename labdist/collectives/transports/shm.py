@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from labdist.collectives.transports import shm_area as area
+from labdist.collectives.transports import shm_wake
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
 from labdist.collectives.transports.shm_layout import Layouts
@@ -92,6 +93,7 @@ class ShmTransport:
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
         self.cores = 1  # agreed by `connect`: the fewest cores any rank of the group may use
+        self._spin = shm_wake.spin_seconds()  # before a wait sleeps (none if ranks > cores)
 
     def probe(self) -> tuple[str, str, int] | None:
         if not area.available():
@@ -114,6 +116,8 @@ class ShmTransport:
         if not area.can_reach([p[:2] for p in peers.values()]):
             return False
         self.cores = min(p[2] for p in probes)  # the same answer on every rank
+        if self.endpoint.world > self.cores:  # a spinning rank would take the awaited one's core
+            self._spin = 0.0
         for rank, (path, _, _) in peers.items():
             control = area.Mapping(path, area.CONTROL_BYTES, create=False)
             self._peer_controls.append(control)
@@ -289,7 +293,7 @@ class ShmTransport:
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
         """Sleep until the peer's stamp arrives (its doorbell wakes us: shm_wake.py); between
         wake-ups, watch the mailbox for news of that peer and the deadline."""
-        if words[0] >= stamp:
+        if words[0] >= stamp or (self._spin and shm_wake.spin(words, stamp, self._spin)):
             return
         bell = self._bell
         deadline = time.monotonic() + self.endpoint.timeout

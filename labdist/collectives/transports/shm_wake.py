@@ -1,9 +1,14 @@
 """Wake-ups for the shared-memory transport: a FIFO per replica under /dev/shm (next to its
 control file, so whoever shares the /dev/shm reaches it). A rank that publishes a message
 writes one byte to each peer's FIFO after its stamp; a rank waiting for a stamp blocks in
-poll() on its own FIFO. The kernel wakes it within microseconds, and it burns no CPU while it
-waits: a spin or sleep loop would take the core its peer needs (2 replicas on 2 cores) and
-adds up to its pause to every late message.
+poll() on its own FIFO. The kernel wakes it within tens of microseconds, and it burns no CPU
+while it waits.
+
+A waiter first spins a little (`spin_seconds`, 50 µs unless LABDIST_SPIN_US says otherwise),
+only where the group has no more ranks than cores: there each rank has a core of its own, the
+peer usually arrives within that time, and the poll's sleep and wake-up cost more than the
+spin (2 replicas, `fit` at batch 64: ~1.1x the steps/s; custom loop ~1.15x). With more
+ranks than cores a spinning rank would take the core the awaited one needs, so it never spins.
 
 No wake-up is lost: the waiter drains its FIFO, then reads the stamp, then polls; the
 publisher stores the stamp, then writes. Stale bytes only cause an extra look at the stamp. A
@@ -20,8 +25,39 @@ import os
 import select
 import time
 
+from labdist.checks import refuse
+
 SUFFIX = "-wake"
 MAX_POLL_MS = 10  # a waiter looks at its mailbox (news of peers) and deadline this often
+SPIN_ENV = "LABDIST_SPIN_US"
+SPIN_US = 50  # the default: past the wake-up latency of poll() on a VM, far below a step
+MAX_SPIN_US = 10_000
+
+
+def spin_seconds() -> float:
+    """How long a waiter spins before it sleeps, where ranks do not outnumber cores:
+    LABDIST_SPIN_US (microseconds, 0 turns spinning off) or SPIN_US."""
+    chosen = os.environ.get(SPIN_ENV, "").strip()
+    if not chosen:
+        return SPIN_US * 1e-6
+    try:
+        micros = int(chosen)
+    except ValueError:
+        micros = -1
+    if not 0 <= micros <= MAX_SPIN_US:
+        refuse(SPIN_ENV, chosen, f"an integer from 0 (no spinning) to {MAX_SPIN_US} "
+               "(microseconds a collective waits before it sleeps), or unset it")
+    return micros * 1e-6
+
+
+def spin(words, stamp: int, seconds: float) -> bool:
+    """Watch `words[0]` (a peer's stamp) for `seconds`; whether `stamp` arrived."""
+    now = time.perf_counter
+    end = now() + seconds
+    while now() < end:
+        if words[0] >= stamp:
+            return True
+    return False
 
 
 class Doorbell:
