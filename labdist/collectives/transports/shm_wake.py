@@ -4,11 +4,11 @@ writes one byte to each peer's FIFO after its stamp; a rank waiting for a stamp 
 poll() on its own FIFO. The kernel wakes it within tens of microseconds, and it burns no CPU
 while it waits.
 
-A waiter first spins a little (`spin_seconds`, 50 µs unless LABDIST_SPIN_US says otherwise),
+A waiter first spins a little (`spin_seconds`: 300 µs unless LABDIST_SPIN_US says otherwise),
 only where the group has no more ranks than cores: there each rank has a core of its own, the
-peer usually arrives within that time, and the poll's sleep and wake-up cost more than the
-spin (2 replicas, `fit` at batch 64: ~1.1x the steps/s; custom loop ~1.15x). With more
-ranks than cores a spinning rank would take the core the awaited one needs, so it never spins.
+peer usually arrives within that time, and a sleep and wake-up (on a VM, an idle virtual CPU
+woken by the host) cost more than the spin: 2 replicas train ~1.1x faster. With more ranks
+than cores a spinning rank would take the core the awaited one needs, so it never spins.
 
 No wake-up is lost: the waiter drains its FIFO, then reads the stamp, then polls; the
 publisher stores the stamp, then writes. Stale bytes only cause an extra look at the stamp. A
@@ -30,7 +30,7 @@ from labdist.checks import refuse
 SUFFIX = "-wake"
 MAX_POLL_MS = 10  # a waiter looks at its mailbox (news of peers) and deadline this often
 SPIN_ENV = "LABDIST_SPIN_US"
-SPIN_US = 50  # the default: past the wake-up latency of poll() on a VM, far below a step
+SPIN_US = 300  # the default: past poll()'s wake-up latency on a VM and most step-to-step jitter
 MAX_SPIN_US = 10_000
 
 
