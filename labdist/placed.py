@@ -132,14 +132,25 @@ class PlacedRows:
 class Rows(np.ndarray):
     """Rows of a placed array as the driver hands them to its user (a distributed dataset's
     element): an ordinary read-only ndarray that pickles as its indices, so a replica that
-    unpickles it takes the rows from its own mapping. Anything derived from it (a view, a
-    result of arithmetic) is a plain array again and pickles its data."""
+    unpickles it takes the rows from its own mapping. Indexing it and computing with it give
+    plain arrays; other views (`.T`, `reshape`) keep the type but, placed nowhere, pickle
+    their data like any array."""
 
     _placed: tuple | None = None  # (source, index) of these very rows, else None
     _owner: Any = None  # keeps the placed file while these rows may still be sent
 
     def __array_finalize__(self, obj: Any) -> None:
         self._placed = self._owner = None
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        """A ufunc's or a reduction's result: a plain array (or scalar), not rows."""
+        out = array.view(np.ndarray)
+        return out[()] if return_scalar else out
+
+    def __getitem__(self, key):
+        """Some of the rows: a plain array, printed and pickled as any other."""
+        out = super().__getitem__(key)
+        return out.view(np.ndarray) if isinstance(out, np.ndarray) else out
 
     def __reduce_ex__(self, protocol):
         if self._placed is None:

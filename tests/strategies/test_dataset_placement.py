@@ -74,6 +74,9 @@ def test_a_placed_shard_travels_as_indices_and_cannot_be_changed_on_the_driver(m
         shard[0, 0] = 1.0  # a tf.data element is immutable: what was sent is what is shown
     derived = shard * 2  # anything computed from it is an ordinary array, sent by value
     assert pickle.loads(pickle.dumps(derived)).tobytes() == (x[64:128] * 2).tobytes()
+    assert type(derived) is np.ndarray and repr(derived).startswith("array(")
+    assert type(shard[:3]) is np.ndarray and type(shard.mean(axis=0)) is np.ndarray
+    assert isinstance(shard.sum(), np.floating) and shard[0, 0] == x[64, 0]
 
 
 @pytest.mark.parametrize("steps", [1, 3])
