@@ -269,3 +269,19 @@ def test_the_embedded_clusters_replicas_use_one_blas_thread_each():
     for got in make_strategy("mirrored-2").client.run(_blas_threads).values():
         assert got.pop("blas", {1}) == {1}
         assert got == dict.fromkeys(got, "1")
+
+
+def _spin_of_each_replica():
+    from labdist.worker.context import current
+
+    return current()._replica.comm.host.spin  # what its collectives and step thread use
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_a_groups_replicas_spin_only_where_they_do_not_outnumber_the_cores(replicas, request):
+    strategy = request.getfixturevalue(f"mirrored{replicas}")
+    cores = len(os.sched_getaffinity(0))
+    expected = shm_wake.SPIN_US * 1e-6 if replicas <= cores else 0.0
+    got = strategy.experimental_local_results(strategy.run(_spin_of_each_replica))
+    assert list(got) == [expected] * replicas

@@ -93,7 +93,9 @@ class ShmTransport:
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
         self.cores = 1  # agreed by `connect`: the fewest cores any rank of the group may use
-        self._spin = shm_wake.spin_seconds()  # before a wait sleeps (none if ranks > cores)
+        # seconds a wait looks before it sleeps, here and on the step thread (step_inbox.py):
+        # none where ranks outnumber cores
+        self.spin = shm_wake.spin_seconds()
 
     def probe(self) -> tuple[str, str, int] | None:
         if not area.available():
@@ -117,7 +119,7 @@ class ShmTransport:
             return False
         self.cores = min(p[2] for p in probes)  # the same answer on every rank
         if self.endpoint.world > self.cores:  # a spinning rank would take the awaited one's core
-            self._spin = 0.0
+            self.spin = 0.0
         for rank, (path, _, _) in peers.items():
             control = area.Mapping(path, area.CONTROL_BYTES, create=False)
             self._peer_controls.append(control)
@@ -293,7 +295,7 @@ class ShmTransport:
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
         """Sleep until the peer's stamp arrives (its doorbell wakes us: shm_wake.py); between
         wake-ups, watch the mailbox for news of that peer and the deadline."""
-        if words[0] >= stamp or (self._spin and shm_wake.spin(words, stamp, self._spin)):
+        if words[0] >= stamp or (self.spin and shm_wake.spin(words, stamp, self.spin)):
             return
         bell = self._bell
         deadline = time.monotonic() + self.endpoint.timeout
