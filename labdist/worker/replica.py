@@ -178,8 +178,8 @@ class ReplicaCore:
 
     def _step_loop(self) -> None:
         inbox = self.inbox
-        while True:  # the collectives' spin: none where ranks outnumber cores (shm_wake.py)
-            job = inbox.next(inbox.jobs, getattr(self.comm.host, "spin", 0.0))
+        while True:
+            job = inbox.next(inbox.jobs)
             if job is LANE:
                 serve_lane(inbox, self._lane[0], self._lane[2])
                 continue

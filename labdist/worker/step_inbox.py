@@ -8,10 +8,7 @@ instead of one, which with more replicas than cores cost ~60 µs of CPU each and
 context switch on a core another replica needed.
 
 Queued items always come first; the socket is looked at when no item waits. A queue item
-rings a socketpair, so one `select` covers both sources. Where the replicas do not outnumber
-the cores (the shm transport's `spin`), the step thread looks without sleeping for a moment
-before it blocks: at 2 replicas a `strategy.run` round trip takes ~20 % less time and a custom
-loop's step ~10 % (`_spin`).
+rings a socketpair, so one `select` covers both sources.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import pickle
 import queue
 import selectors
 import socket
-import time
 from typing import Any
 
 from labdist.errors import ReplicaLostError
@@ -60,34 +56,19 @@ class StepInbox:
         self._drop_lane = True
         self._ring()
 
-    def next(self, box: queue.SimpleQueue, spin: float = 0.0) -> Any:
-        """The next item of `box`, or LANE when the lane has a request and `box` is empty.
-        With a lane, look for `spin` seconds before sleeping (see `_spin`)."""
+    def next(self, box: queue.SimpleQueue) -> Any:
+        """The next item of `box`, or LANE when the lane has a request and `box` is empty."""
         while True:
             self._take_up()
             with contextlib.suppress(queue.Empty):
                 return box.get_nowait()
-            ready = self._spin(spin) if spin and self.lane is not None else None
-            for key, _ in ready or self._selector.select():
+            for key, _ in self._selector.select():
                 if key.fileobj is self._wake_r:
                     with contextlib.suppress(BlockingIOError):
                         while self._wake_r.recv(4096):
                             pass
                 elif key.fileobj is self.lane and box.empty():
                     return LANE
-
-    def _spin(self, seconds: float) -> list:
-        """Look at the lane and the queues without sleeping, for up to `seconds`: the
-        driver's next request usually comes within a few hundred µs of our answer, and a
-        sleeping thread costs the driver's send a wake-up of this process (~0.1 ms on a VM
-        whose CPU went idle). The caller spins only where replicas do not outnumber cores."""
-        end = time.perf_counter() + seconds
-        select = self._selector.select
-        while time.perf_counter() < end:
-            ready = select(0)
-            if ready:
-                return ready
-        return []
 
     def current(self) -> socket.socket | None:
         """The lane (a handed-over one taken up, a detached one closed first), if any."""

@@ -91,31 +91,3 @@ def test_detach_closes_the_lane_at_the_next_wait(inbox):
     assert box.next(box.jobs) == "after"
     assert box.lane is None
     assert driver.recv(1) == b""  # closed on the replica's side
-
-
-def _waits(box: StepInbox, spin: float, late_s: float, driver) -> list:
-    """The timeouts the step thread's selects used while a request came `late_s` late."""
-    timeouts = []
-    select = box._selector.select
-
-    def recording(timeout=None):
-        timeouts.append(timeout)
-        return select(timeout)
-    box._selector.select = recording
-    threading.Timer(late_s, lane.send_message, (driver, b"ping")).start()
-    assert box.next(box.jobs, spin) is LANE
-    return timeouts
-
-
-def test_with_a_spin_a_request_soon_after_is_found_without_sleeping(inbox):
-    """Where replicas do not outnumber cores the step thread looks at the lane without
-    blocking for a while (the driver's send then wakes no sleeping process); without the spin,
-    or past it, it blocks in select."""
-    box, driver = inbox
-    assert None not in _waits(box, 2.0, 0.002, driver)
-    serve_lane(box, lambda raw: raw, dropped=None)
-    lane.recv_message(driver)
-    assert _waits(box, 0.0, 0.002, driver) == [None]
-    serve_lane(box, lambda raw: raw, dropped=None)
-    lane.recv_message(driver)
-    assert _waits(box, 0.001, 0.05, driver)[-1] is None  # the spin ran out: it sleeps

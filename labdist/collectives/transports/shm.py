@@ -93,9 +93,7 @@ class ShmTransport:
         self._closed = False
         self._bell = Doorbell()  # wakes peers waiting for our stamps (and us for theirs)
         self.cores = 1  # agreed by `connect`: the fewest cores any rank of the group may use
-        # seconds a wait looks before it sleeps, here and on the step thread (step_inbox.py):
-        # none where ranks outnumber cores
-        self.spin = shm_wake.spin_seconds()
+        self.spin = shm_wake.spin_seconds()  # before a wait sleeps (none if ranks > cores)
 
     def probe(self) -> tuple[str, str, int] | None:
         if not area.available():

@@ -8,8 +8,7 @@ A waiter first spins a little (`spin_seconds`: 300 µs unless LABDIST_SPIN_US sa
 only where the group has no more ranks than cores: there each rank has a core of its own, the
 peer usually arrives within that time, and a sleep and wake-up (on a VM, an idle virtual CPU
 woken by the host) cost more than the spin: 2 replicas train ~1.1x faster. With more ranks
-than cores a spinning rank would take the core the awaited one needs, so it never spins. The
-step thread waiting for the driver's next request spins as long (worker/step_inbox.py).
+than cores a spinning rank would take the core the awaited one needs, so it never spins.
 
 No wake-up is lost: the waiter drains its FIFO, then reads the stamp, then polls; the
 publisher stores the stamp, then writes. Stale bytes only cause an extra look at the stamp. A
