@@ -12,7 +12,8 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster, Security
 
-from labdist.cluster import capacity, threads
+from labdist import interrupts
+from labdist.cluster import capacity, reaper, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.collectives.transports import shm_wake
 from labdist.devices import pinning_backend
@@ -30,6 +31,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     the GPUs visible here, `pinning_backend(device).visible_gpus()`), through dask-cuda where
     it is installed and the GPUs are CUDA's."""
     capacity.check_local_workers(n_workers, f"n_workers={n_workers}")
+    reaper.collect()  # strategies nobody holds (a set-up cell run again) go first
     pinning = pinning_backend(device)
     gpus = pinning.visible_gpus() if gpus is None else list(gpus)
     if device == "gpu" and not gpus:
@@ -48,8 +50,10 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     # at batch 256, against 13 with these: issue 26). A replica's steps need the same memory
     # every step: keep it (arrays up to 32 MiB from the heap, trimmed past 1 GiB free).
     environ = "distributed.nanny.pre-spawn-environ."
-    with dask.config.set({environ + "MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM,
-                          environ + "MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP}):
+    spawn_environ = {environ + "MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM,
+                     environ + "MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP}
+    # the kernel's interrupt (■) goes to its whole process group: never to the workers
+    with dask.config.set(spawn_environ), interrupts.deaf_children():
         options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,
                        silence_logs=logging.ERROR)
         if gpus and pinning.real_gpus:
