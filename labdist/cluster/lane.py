@@ -11,6 +11,7 @@ import socket
 import time
 from typing import Any
 
+from labdist import interrupts
 from labdist.cluster.step_channel import Replicas, StepChannel
 from labdist.worker.actor_call import unsendable
 from labdist.worker.lane import GOODBYE, READY, dumps, recv_message, send_message
@@ -120,35 +121,41 @@ class LaneStepChannel(StepChannel):
                     raise unsendable(method, self._replicas.where(r), e) from None
             payloads.append(made[same])
         selector = self._selector()
-        try:
-            for r, payload in zip(ranks, payloads, strict=True):
-                lane = self._lanes[r]
-                try:
-                    lane.send(payload)
-                    selector.register(lane.sock, selectors.EVENT_READ, r)
-                except OSError as e:
-                    events[r] = StepEvent("error", 0,
-                                          error=self._replicas.lost_error(r, repr(e)))
+        try:  # the caller holds interrupts back: every rank gets its request, or none does
+            self._send_all(ranks, payloads, selector, events)
         except BaseException:
             self._end(selector)
             raise
         return selector
 
+    def _send_all(self, ranks, payloads, selector, events) -> None:
+        for r, payload in zip(ranks, payloads, strict=True):
+            lane = self._lanes[r]
+            try:
+                lane.send(payload)
+                selector.register(lane.sock, selectors.EVENT_READ, r)
+            except OSError as e:
+                events[r] = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+
     def _wait(self, pending, events, timeout, first) -> bool:
         ready = pending.select(timeout)
-        for key, _ in ready:
-            r = key.data
-            try:
-                event = self._lanes[r].receive()
-            except (OSError, EOFError) as e:
-                event = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
-            except Exception as e:  # read whole, but not unpicklable here
-                event = StepEvent("error", 0, error=TypeError(
-                    f"the answer of {self._replicas.where(r)} cannot be unpickled on the "
-                    f"driver: {type(e).__name__}: {e}"))
-            pending.unregister(key.fileobj)
-            events[r] = event
+        # never half a message (the next read would take the rest for a new one), and a
+        # message read always lands in `events` (or the next exchange would read its answer)
+        with interrupts.deferred():
+            for key, _ in ready:
+                events[key.data] = self._receive(key.data)
+                pending.unregister(key.fileobj)
         return not ready
+
+    def _receive(self, r: int) -> StepEvent:
+        try:
+            return self._lanes[r].receive()
+        except (OSError, EOFError) as e:
+            return StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
+        except Exception as e:  # read whole, but not unpicklable here
+            return StepEvent("error", 0, error=TypeError(
+                f"the answer of {self._replicas.where(r)} cannot be unpickled on the driver: "
+                f"{type(e).__name__}: {e}"))
 
     def _drop(self, pending, rank) -> None:
         with contextlib.suppress(KeyError, ValueError):

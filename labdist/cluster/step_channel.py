@@ -13,7 +13,7 @@ import pickle
 import time
 from typing import Any, Protocol
 
-from labdist import phases
+from labdist import interrupts, phases
 from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError
 from labdist.worker.replica import StepEvent
 
@@ -26,6 +26,10 @@ NOTICE_AFTER_S = 0.2
 LATE_MARGIN_S = 5.0
 # A notice to a replica is given up after this (a frozen worker never answers one).
 TELL_TIMEOUT_S = 1.0
+# An interrupted driver waits this long for the step in flight to end on every replica before
+# it raises KeyboardInterrupt (■ answers within a second), and the next call waits as long
+# again before it tells replicas still in that step that it ended early.
+GRACE_S = 0.5
 
 _ENDED_EARLY = ("the driver stopped waiting for this step (strategy.run was interrupted, or a "
                 "replica did not answer)")
@@ -91,42 +95,65 @@ class StepChannel:
             args_per_rank = [a for r, a in zip(ranks, args_per_rank, strict=True)
                              if r not in self._owed]
         asked = time.monotonic()
-        pending = self._send(method, args_per_rank, sent, events)
-        phases.driver_sent(run_id)  # the driver's part of this step ends here (phases.py)
-        self._merging.difference_update(sent)
+        pending: Any = None
         late: list[int] = []
         try:
-            told: set[int] = set()
-            first, first_report = True, math.inf
-            while len(events) < len(ranks):
-                timed_out = self._wait(pending, events, NOTICE_AFTER_S, first)
-                first = False
-                if len(events) == len(ranks):
-                    break
-                self._drop_lost(pending, sent, events)
-                now = time.monotonic()
-                first_report = min(first_report, now) if events else first_report
-                if self.patience is not None and now - first_report > self.patience:
-                    late = [r for r in ranks if r not in events]
-                    reporter = min(events)
-                    for r in late:
-                        events[r] = StepEvent("error", 0, error=self._late_error(
-                            r, now - asked, reporter))
-                    break
-                news = [r for r in events if r not in told]
-                if timed_out and news and len(events) < len(ranks):
-                    told.update(news)
-                    self._tell(run_id, [r for r in ranks if r not in events],
-                               {r: _state(events[r]) for r in news})
+            try:
+                with interrupts.deferred():  # every rank gets its request, or none does
+                    pending = self._send(method, args_per_rank, sent, events)
+                    phases.driver_sent(run_id)  # the driver's part of the step ends (phases.py)
+                    self._merging.difference_update(sent)
+                self._gather(run_id, ranks, sent, pending, events, asked, late)
+            except KeyboardInterrupt:  # the step in flight ends on every replica, first
+                if pending is not None:
+                    self._finish_in_flight(pending, sent, events)
+                raise
         finally:
-            phases.driver_arrived(run_id)
-            for r in sent:
-                if r in late or r not in events:  # it owes an answer (late, or interrupted)
-                    self._owed[r] = (asked, self._drop(pending, r))
-                elif events[r].kind == "merge":
-                    self._merging.add(r)
-            self._end(pending)
+            if pending is not None:  # sent: what is still out is owed
+                phases.driver_arrived(run_id)
+                for r in sent:
+                    if r in late or r not in events:  # it owes an answer (late, interrupted)
+                        self._owed[r] = (asked, self._drop(pending, r))
+                    elif events[r].kind == "merge":
+                        self._merging.add(r)
+                self._end(pending)
         return [events[r] for r in ranks]
+
+    def _gather(self, run_id, ranks, sent, pending, events, asked, late) -> None:
+        """Wait for every rank's event, telling the running ones of their peers' states and
+        giving up on late ones (listed in `late`)."""
+        told: set[int] = set()
+        first, first_report = True, math.inf
+        while len(events) < len(ranks):
+            timed_out = self._wait(pending, events, NOTICE_AFTER_S, first)
+            first = False
+            if len(events) == len(ranks):
+                break
+            self._drop_lost(pending, sent, events)
+            now = time.monotonic()
+            first_report = min(first_report, now) if events else first_report
+            if self.patience is not None and now - first_report > self.patience:
+                late.extend(r for r in ranks if r not in events)
+                reporter = min(events)
+                for r in late:
+                    events[r] = StepEvent("error", 0, error=self._late_error(
+                        r, now - asked, reporter))
+                break
+            news = [r for r in events if r not in told]
+            if timed_out and news and len(events) < len(ranks):
+                told.update(news)
+                self._tell(run_id, [r for r in ranks if r not in events],
+                           {r: _state(events[r]) for r in news})
+
+    def _finish_in_flight(self, pending, sent, events) -> None:
+        """The driver was interrupted while the replicas ran: let the step they are in end on
+        every one of them (up to GRACE_S), so the interrupt finds them idle and equal. A step
+        longer than that stays owed: the next call's `settle` collects it."""
+        deadline = time.monotonic() + GRACE_S
+        while any(r not in events for r in sent) and time.monotonic() < deadline:
+            self._wait(pending, events, min(NOTICE_AFTER_S, deadline - time.monotonic()),
+                       False)
+            self._drop_lost(pending, sent, events)
 
     def settle(self, ranks: list[int] | None = None, release: bool = True) -> None:
         """Before new work for `ranks` (default: all): collect the answers earlier exchanges
@@ -143,6 +170,9 @@ class StepChannel:
             return
         run_id, run_ranks = self._run
         owed = [r for r in todo if r in self._owed]
+        if owed and self._told_run != run_id:  # a step that was interrupted may end by itself
+            self._await_owed({r: self._owed[r][1] for r in owed}, time.monotonic() + GRACE_S)
+            owed = [r for r in owed if r in self._owed]
         if owed and self._told_run != run_id:
             self._told_run = run_id
             self._tell(run_id, owed, {p: ("failed", _ENDED_EARLY) for p in run_ranks})
@@ -173,13 +203,14 @@ class StepChannel:
             return
         events: dict[int, StepEvent] = {}
         error = PeerAbortedError(f"aborted: {_ENDED_EARLY}")
-        pending = self._send("resume", [(None, error)] * len(ranks), ranks, events)
-        self._merging.difference_update(ranks)
-        now = time.monotonic()
-        for r in ranks:
-            if r not in events:  # sent: its answer is owed
-                self._owed[r] = (now, self._drop(pending, r))
-        self._end(pending)
+        with interrupts.deferred():  # sent and noted as owed, or not sent
+            pending = self._send("resume", [(None, error)] * len(ranks), ranks, events)
+            self._merging.difference_update(ranks)
+            now = time.monotonic()
+            for r in ranks:
+                if r not in events:  # sent: its answer is owed
+                    self._owed[r] = (now, self._drop(pending, r))
+            self._end(pending)
 
     def _await_owed(self, waiting: dict[int, Any], deadline: float) -> None:
         """Wait (until `deadline`) for the owed answers of `waiting`; those that come are no
@@ -284,13 +315,14 @@ class ActorStepChannel(StepChannel):
         done, _ = concurrent.futures.wait(
             pending, timeout, concurrent.futures.ALL_COMPLETED if first  # the common case:
             else concurrent.futures.FIRST_COMPLETED)  # everyone answers in one wait
-        for future in done:
-            rank = pending.pop(future)
-            try:
-                answer = future.result()  # the event, pickled by the replica (Replica._reply)
-                events[rank] = pickle.loads(answer) if isinstance(answer, bytes) else answer
-            except Exception as e:  # a lost worker, or an error outside the step itself
-                events[rank] = StepEvent("error", 0, error=e)
+        with interrupts.deferred():  # an answer taken off `pending` lands in `events`
+            for future in done:
+                rank = pending.pop(future)
+                try:
+                    answer = future.result()  # the event, pickled by the replica
+                    events[rank] = pickle.loads(answer) if isinstance(answer, bytes) else answer
+                except Exception as e:  # a lost worker, or an error outside the step itself
+                    events[rank] = StepEvent("error", 0, error=e)
         return bool(pending) and (first or not done)
 
     def _drop(self, pending, rank) -> concurrent.futures.Future | None:
