@@ -22,7 +22,9 @@ import concurrent.futures
 import contextlib
 import itertools
 import threading
+import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -78,7 +80,9 @@ class ClusterCoordinator:
         return self
 
     def _setup(self, strategy: Coordinated, group: ParameterServerGroup) -> None:
-        self.strategy = strategy
+        # weak: the dispatcher threads hold the coordinator, and must not keep a strategy
+        # nobody else holds from being closed (cluster/reaper.py)
+        self._strategy = weakref.ref(strategy)
         self._group = group
         self._cv = threading.Condition()
         self._queue: deque[ScheduledFunction] = deque()
@@ -102,6 +106,14 @@ class ClusterCoordinator:
                          for w in range(self._group.num_workers) for slot in range(depth)]
         for t in self._threads:
             t.start()
+
+    @property
+    def strategy(self) -> Coordinated:
+        strategy = self._strategy()
+        if strategy is None:
+            raise RuntimeError("this ClusterCoordinator's strategy is gone (nothing holds it "
+                               "any more): keep a reference to the strategy while you use it")
+        return strategy
 
     # -- the API ------------------------------------------------------------------------------
     def schedule(self, fn: Callable, args: tuple = (), kwargs: dict | None = None
@@ -158,6 +170,31 @@ class ClusterCoordinator:
             with self._cv:
                 self._pipelined -= 1
 
+    def drop(self, values: Iterable[RemoteValue], wait: float) -> list[RemoteValue]:
+        """Take back the functions of `values` that no worker has started (their RemoteValues
+        are cancelled), and wait up to `wait` seconds for those already running to finish
+        (sync mode: a step that dropped functions would have filled is applied with the
+        gradients that came, as `join` applies a short last step). Returns those still
+        running then. What `fit` does when it ends early (■, an error, stop_training)."""
+        ids = {id(v) for v in values}
+        with self._cv:
+            kept: deque[ScheduledFunction] = deque()
+            for closure in self._queue:
+                if id(closure.value) in ids:
+                    closure.cancel()
+                else:
+                    kept.append(closure)
+            self._queue = kept
+            running = [c.value for c in self._in_flight.values() if id(c.value) in ids]
+            self._cv.notify_all()
+        deadline = time.monotonic() + wait
+        while running and time.monotonic() < deadline:
+            self._unstall()
+            concurrent.futures.wait([v.future for v in running],
+                                    timeout=min(POLL_S, max(deadline - time.monotonic(), 0)))
+            running = [v for v in running if not v.done()]
+        return running
+
     def done(self) -> bool:
         """Whether nothing is queued or running."""
         with self._cv:
@@ -205,7 +242,7 @@ class ClusterCoordinator:
     def _check_open(self) -> None:
         if not self._closed:
             return
-        if self.strategy.closed:
+        if self._strategy() is None or self.strategy.closed:
             raise RuntimeError(
                 f"{self.strategy!r} is closed, and its ClusterCoordinator with it: nothing can "
                 "be scheduled or joined any more. Create a new strategy (restore the last "

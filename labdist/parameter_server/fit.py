@@ -14,6 +14,7 @@ global batch's mean loss, as MirroredStrategy computes it, however unevenly the 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 
@@ -23,6 +24,9 @@ from labdist.devices import NUMPY
 from labdist.input import shard_bounds
 from labdist.parameter_server.coordinator import ClusterCoordinator
 from labdist.worker.context import current
+
+# fit ended early: how long it waits for the functions already running (■ answers in 1 s)
+GRACE_S = 0.8
 
 
 def train_model_steps(strategy, step, groups: Iterable[list], first_iteration: int
@@ -44,15 +48,15 @@ def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     # pipelined: every worker holds its next group, so it never waits for the driver; a
     # window one group a worker deeper, so there is a next group to hold
     window = _window(strategy) + strategy.num_workers
-    with coordinator.pipelined():
+    with coordinator.pipelined(), _ending_early(coordinator, pending):
         for group in groups:
             pending.append(coordinator.schedule(_async_steps,
                                                 args=(step, list(group), iteration)))
             iteration += len(group)
             if len(pending) >= window:
-                yield pending.popleft().fetch()
+                yield _first(pending, lambda value: value.fetch())
         while pending:
-            yield pending.popleft().fetch()
+            yield _first(pending, lambda value: value.fetch())
 
 
 def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
@@ -60,6 +64,14 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     total, needed = strategy.total_num_replicas, strategy.replicas_to_aggregate
     global_step = strategy.global_step()
     pending: deque = deque()
+    with _ending_early(coordinator, pending):
+        yield from _sync_groups(coordinator, step, groups, iteration, global_step, total,
+                                needed, pending, _window(strategy))
+    coordinator.join()  # late backups' dropped gradients, so stats are final when fit returns
+
+
+def _sync_groups(coordinator, step, groups, iteration, global_step, total, needed, pending,
+                 window) -> Iterator[list[tuple]]:
     for group in groups:
         steps = list(range(global_step, global_step + len(group)))
         global_step += len(group)
@@ -72,11 +84,37 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
                 shards[i].append((bx[bounds[i]:bounds[i + 1]], by[bounds[i]:bounds[i + 1]]))
         pending.append([coordinator.schedule(_sync_steps, args=(
             step, shards[i], steps, iterations, i)) for i in range(total)])
-        if len(pending) >= _window(strategy):
-            yield _settle(pending.popleft(), needed)
+        if len(pending) >= window:
+            yield _first(pending, lambda values: _settle(values, needed))
     while pending:
-        yield _settle(pending.popleft(), needed)
-    coordinator.join()  # late backups' dropped gradients, so stats are final when fit returns
+        yield _first(pending, lambda values: _settle(values, needed))
+
+
+def _first(pending: deque, result):
+    """The oldest group's result; it leaves `pending` only once it has one (an interrupted
+    wait leaves it there, for `_ending_early`)."""
+    out = result(pending[0])
+    pending.popleft()
+    return out
+
+
+@contextlib.contextmanager
+def _ending_early(coordinator: ClusterCoordinator, pending: deque) -> Iterator[None]:
+    """`fit` ended before its last group (■, an error, a callback's stop_training): the
+    functions no worker took yet are dropped, and those running are let finish (up to
+    GRACE_S), so the weights stop changing when `fit` returns."""
+    try:
+        yield
+    except BaseException:
+        _drop(coordinator, pending)
+        raise
+
+
+def _drop(coordinator: ClusterCoordinator, pending: deque) -> None:
+    values = [v for item in pending for v in (item if isinstance(item, list) else [item])]
+    pending.clear()
+    if values:
+        coordinator.drop(values, GRACE_S)
 
 
 def _settle(values: list, needed: int) -> list[tuple]:
