@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.cluster.reaper import Lifetime
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
 from labdist.lab.divergence import DivergenceError
@@ -22,6 +23,8 @@ from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
 from labdist.lab.replicas import Replicas
 from labdist.lab.runner import Runner
+
+PAUSE_WITHIN_S = 0.8  # ■ on lab.step / lab.wait: how long the pause may take to land
 
 
 class Lab:
@@ -89,8 +92,12 @@ class Lab:
         self.history = RunHistory(track, index)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
+        # a lab nobody holds any more (its cell run again) stops and lets its cluster go
+        self._lifetime = Lifetime(self, self._pool)
+        self._lifetime.also_close(self._runner.close)
         try:
-            self._runner.call(lambda: self._runner.start(first)).result()
+            runner = self._runner  # the call must not hold the lab (cluster/reaper.py)
+            runner.call(lambda: runner.start(first)).result()
         except BaseException:
             self.close()
             raise
@@ -215,7 +222,8 @@ class Lab:
             self.wait()
 
     def step(self, steps: int = 1) -> None:
-        """Train `steps` steps and return when they are done."""
+        """Train `steps` steps and return when they are done (■ pauses the lab, as in
+        `wait`)."""
         self.run(steps)
         self.wait()
 
@@ -232,11 +240,18 @@ class Lab:
         """Block until the steps asked for are done and queued changes applied; raise what
         stopped the run, if something did (DivergenceError when it diverged: the run pauses
         at the first step whose loss or parameters are inf or NaN). TimeoutError after
-        `timeout` seconds."""
+        `timeout` seconds. An interrupt (■) pauses the run at its next step boundary and
+        raises KeyboardInterrupt; ■ in any other cell leaves a running lab running."""
         if timeout is None and self._runner.open_ended:
             raise RuntimeError("this run has no end (run() without steps): pause() it, or "
                                "wait(timeout=...)")
-        if not self._runner.wait(timeout):
+        try:
+            done = self._runner.wait(timeout)
+        except KeyboardInterrupt:  # ■ on a cell waiting for the run: the run pauses with it
+            self._runner.pause()
+            self._runner.wait(PAUSE_WITHIN_S)  # at a step boundary, every replica alike
+            raise
+        if not done:
             raise TimeoutError(f"the lab was still running after timeout={timeout!r} s "
                                f"(step {self.step_count})")
         if self._runner.error is not None:
@@ -268,7 +283,8 @@ class Lab:
         """Each replica's parameters now (a parameter-server run: one entry, the PS value),
         read at the next step boundary."""
         self._check_open()
-        copies = self._runner.call(lambda: self._runner.engine.read_copies()).result()
+        runner = self._runner
+        copies = runner.call(lambda: runner.engine.read_copies()).result()
         return [self._spec.unflatten(c) for c in copies]
 
     def show(self) -> None:
@@ -285,8 +301,7 @@ class Lab:
         """Stop the run and close what the lab started (a strategy it was given stays)."""
         if self.panel is not None:
             self.panel.close()
-        self._runner.close()
-        self._pool.close()
+        self._lifetime.close()
 
     def __enter__(self) -> Lab:
         return self

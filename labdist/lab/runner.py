@@ -204,6 +204,8 @@ class Runner:
                     future.set_result(fn())
                 except BaseException as e:
                     future.set_exception(e)
+            # held while the thread waits, they would keep their callers (a lab) reachable
+            calls = fn = future = changes = None
             if closing:
                 self._finish_close()
                 return

@@ -197,6 +197,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         self._check_open()
         if self._coordinator is None or self._coordinator.closed:
             self._coordinator = ClusterCoordinator.start(self, self._ps_group)
+            self._lifetime.also_close(self._coordinator.close)
         return self._coordinator
 
     def check_arguments(self, args: tuple, kwargs: dict | None) -> tuple[tuple, dict]:
@@ -292,7 +293,3 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
                              {name: s.id for name, s in state.items()})
         self._bound.add(signature)
 
-    def close(self) -> None:
-        if not self._closed and self._coordinator is not None:
-            self._coordinator.close()
-        super().close()

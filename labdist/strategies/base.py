@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from labdist import context, nest, phases, shipping
+from labdist.cluster.reaper import Lifetime
 from labdist.cluster.trace import profile
 from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
@@ -52,7 +53,8 @@ class Strategy(QuorumMethods):
 
     def __init__(self, group):
         self._id = uuid.uuid4().hex
-        self._group = group
+        # what this strategy must let go of, even if nobody calls close() (cluster/reaper.py)
+        self._lifetime = Lifetime(self, group)
         self._run_ids = itertools.count(1)
         self._closed = False
         self._variable_ids: list[int] = []
@@ -68,6 +70,15 @@ class Strategy(QuorumMethods):
         context.register(self)
 
     # -- basics -----------------------------------------------------------------------------------
+    @property
+    def _group(self):
+        """The replica group now (re-formed by recover, refresh and quorum epochs)."""
+        return self._lifetime.group
+
+    @_group.setter
+    def _group(self, group) -> None:
+        self._lifetime.group = group
+
     @property
     def num_replicas_in_sync(self) -> int:
         return self._group.num_replicas
@@ -97,9 +108,7 @@ class Strategy(QuorumMethods):
         """Release the replicas, and whatever cluster this strategy started (nothing else)."""
         if not self._closed:
             self._closed = True
-            if self._quorum is not None:
-                self._quorum.close()
-            self._group.close()
+            self._lifetime.close()
 
     def __enter__(self):
         return self

@@ -90,6 +90,7 @@ class MirroredStrategy(CommunicationModes, Strategy):
                 checks.refuse("min_replicas", min_replicas,
                               f"at most the {have} replica(s) this cluster has")
             self._quorum = quorum.Quorum(min_replicas, num_replicas)
+            self._lifetime.also_close(self._quorum.close)
 
     def _on_new_group(self) -> None:
         self._send_communication()  # new replicas start without the modes
