@@ -31,9 +31,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("worker", ("labdist.worker",)),
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.datasets", "labdist.devices",
-              "labdist.enums", "labdist.errors", "labdist.input", "labdist.interrupts", "labdist.input_pipelines",
-              "labdist.nest", "labdist.network", "labdist.phases", "labdist.placed",
-              "labdist.shipping", "labdist.trace_events", "labdist.values")),
+              "labdist.enums", "labdist.errors", "labdist.input", "labdist.input_pipelines",
+              "labdist.interrupts", "labdist.nest", "labdist.network", "labdist.phases",
+              "labdist.placed", "labdist.shipping", "labdist.trace_events", "labdist.values")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")
