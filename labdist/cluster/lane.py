@@ -122,20 +122,18 @@ class LaneStepChannel(StepChannel):
             payloads.append(made[same])
         selector = self._selector()
         try:  # the caller holds interrupts back: every rank gets its request, or none does
-            self._send_all(ranks, payloads, selector, events)
+            for r, payload in zip(ranks, payloads, strict=True):
+                lane = self._lanes[r]
+                try:
+                    lane.send(payload)
+                    selector.register(lane.sock, selectors.EVENT_READ, r)
+                except OSError as e:
+                    events[r] = StepEvent("error", 0,
+                                          error=self._replicas.lost_error(r, repr(e)))
         except BaseException:
             self._end(selector)
             raise
         return selector
-
-    def _send_all(self, ranks, payloads, selector, events) -> None:
-        for r, payload in zip(ranks, payloads, strict=True):
-            lane = self._lanes[r]
-            try:
-                lane.send(payload)
-                selector.register(lane.sock, selectors.EVENT_READ, r)
-            except OSError as e:
-                events[r] = StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
 
     def _wait(self, pending, events, timeout, first) -> bool:
         ready = pending.select(timeout)

@@ -12,7 +12,6 @@ kernel are bounded by the strategies it still holds, plus the one starting.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import queue
@@ -111,15 +110,5 @@ def collect(timeout: float = 30.0) -> None:
     if not _live:
         return
     gc.collect()
-    done = threading.Event()
-
-    def wait() -> None:
-        _work.join()
-        done.set()
-
-    if not _work.unfinished_tasks:
-        return
-    waiter = threading.Thread(target=wait, name="labdist-reaper-wait", daemon=True)
-    waiter.start()
-    with contextlib.suppress(Exception):
-        done.wait(timeout)
+    with _work.all_tasks_done:  # the queue's own condition, notified as the last task ends
+        _work.all_tasks_done.wait_for(lambda: not _work.unfinished_tasks, timeout)

@@ -242,7 +242,7 @@ class ClusterCoordinator:
     def _check_open(self) -> None:
         if not self._closed:
             return
-        if self._strategy() is None or self.strategy.closed:
+        if self.strategy.closed:  # a strategy that is gone raises its own error here
             raise RuntimeError(
                 f"{self.strategy!r} is closed, and its ClusterCoordinator with it: nothing can "
                 "be scheduled or joined any more. Create a new strategy (restore the last "

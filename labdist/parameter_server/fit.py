@@ -64,30 +64,26 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     total, needed = strategy.total_num_replicas, strategy.replicas_to_aggregate
     global_step = strategy.global_step()
     pending: deque = deque()
+    window = _window(strategy)
     with _ending_early(coordinator, pending):
-        yield from _sync_groups(coordinator, step, groups, iteration, global_step, total,
-                                needed, pending, _window(strategy))
-    coordinator.join()  # late backups' dropped gradients, so stats are final when fit returns
-
-
-def _sync_groups(coordinator, step, groups, iteration, global_step, total, needed, pending,
-                 window) -> Iterator[list[tuple]]:
-    for group in groups:
-        steps = list(range(global_step, global_step + len(group)))
-        global_step += len(group)
-        iterations = list(range(iteration, iteration + len(group)))
-        iteration += len(group)
-        shards: list[list] = [[] for _ in range(total)]
-        for bx, by in group:
-            bounds = shard_bounds(len(bx), total)
-            for i in range(total):
-                shards[i].append((bx[bounds[i]:bounds[i + 1]], by[bounds[i]:bounds[i + 1]]))
-        pending.append([coordinator.schedule(_sync_steps, args=(
-            step, shards[i], steps, iterations, i)) for i in range(total)])
-        if len(pending) >= window:
+        for group in groups:
+            steps = list(range(global_step, global_step + len(group)))
+            global_step += len(group)
+            iterations = list(range(iteration, iteration + len(group)))
+            iteration += len(group)
+            shards: list[list] = [[] for _ in range(total)]
+            for bx, by in group:
+                bounds = shard_bounds(len(bx), total)
+                for i in range(total):
+                    shards[i].append((bx[bounds[i]:bounds[i + 1]],
+                                      by[bounds[i]:bounds[i + 1]]))
+            pending.append([coordinator.schedule(_sync_steps, args=(
+                step, shards[i], steps, iterations, i)) for i in range(total)])
+            if len(pending) >= window:
+                yield _first(pending, lambda values: _settle(values, needed))
+        while pending:
             yield _first(pending, lambda values: _settle(values, needed))
-    while pending:
-        yield _first(pending, lambda values: _settle(values, needed))
+    coordinator.join()  # late backups' dropped gradients, so stats are final when fit returns
 
 
 def _first(pending: deque, result):
