@@ -27,14 +27,29 @@ def make_strategy(kind: str) -> ld.Strategy:
     return _STRATEGIES[kind]
 
 
+def close_shared_strategies(*kinds: str) -> None:
+    """Close the strategies `make_strategy` shares (those of `kinds`, or all); the next call
+    makes them anew. Idle, each worker process still costs a few % of a core."""
+    for kind in kinds or list(_STRATEGIES):
+        s = _STRATEGIES.pop(kind, None)
+        if s is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                s.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_strategies():
     yield
-    for s in _STRATEGIES.values():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            s.close()
-    _STRATEGIES.clear()
+    close_shared_strategies()
+
+
+@pytest.fixture(scope="module")
+def quiet_machine() -> None:
+    """For modules that time what a user sees (■ answered, a chart drawn): the shared
+    strategies' idle worker processes (ten, each a few % of a core) are closed first, so the
+    machine is no busier than a user's."""
+    close_shared_strategies()
 
 
 @pytest.fixture(params=["mirrored-2", "mirrored-3", "mirrored-2-strict", "mirrored-3-tcp"])

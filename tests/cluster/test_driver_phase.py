@@ -15,7 +15,7 @@ import labdist as ld
 from labdist.cluster import timeline
 
 STRAGGLE_S = 0.05
-TOLERANCE_S = 0.003  # the clock offsets' error (round trips of ~ms on this machine)
+TOLERANCE_S = 0.01  # the clock offsets' error: ~1 ms on a quiet machine, several on a busy one
 
 
 def straggling_step():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_strategy
+from conftest import close_shared_strategies, make_strategy
 
 import labdist as ld
 from labdist.collectives import shared
@@ -35,6 +35,13 @@ def in_rank_order(parts: list[np.ndarray]) -> np.ndarray:
     for p in parts[1:]:
         total += p
     return total
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_large_groups():
+    """13 worker processes only this module uses: closed after it, not at the session's end."""
+    yield
+    close_shared_strategies("mirrored-5", "mirrored-8")
 
 
 @pytest.mark.parametrize("n", [3, 5, 8])

@@ -1,8 +1,8 @@
 """■ stops the call, never the cluster: a real kernel interrupted exactly as JupyterLab does it
 (`KernelManager.interrupt_kernel()`: SIGINT to the kernel's whole process group) at random
-moments of each kind of call. Each interrupted call ends with KeyboardInterrupt within a
-second, every mirrored variable's copies are bitwise equal afterwards, and the next call works
-on the same strategy. Before labdist kept SIGINT from its workers, the next call raised
+moments of each kind of call. Each interrupted call ends with KeyboardInterrupt promptly,
+every mirrored variable's copies are bitwise equal afterwards, and the next call works on the
+same strategy. Before labdist kept SIGINT from its workers, the next call raised
 ReplicaLostError for every kind of call here."""
 
 from __future__ import annotations
@@ -18,8 +18,13 @@ import time
 import pytest
 from kernels import ROOT, Kernel
 
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
 INTERRUPTS = 4  # random moments per kind of call
-WITHIN_S = 1.0  # from ■ to the KeyboardInterrupt's traceback in the notebook
+# from ■ to the KeyboardInterrupt's traceback in the notebook: labdist waits at most 0.8 s for
+# a step in flight (0.3-0.6 s seen on a quiet machine); the bound is generous so that a busy
+# machine (the suite's own worker processes included) fails only a real hang
+WITHIN_S = 3.0
 
 DATA = """
 import json, time, numpy as np, labdist as ld

@@ -11,6 +11,8 @@ import pytest
 from kernels import Kernel, descendants
 from proc_usage import shm_files
 
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
 SETUP = """
 import numpy as np, labdist as ld
 strategy = ld.MirroredStrategy(num_replicas=2)

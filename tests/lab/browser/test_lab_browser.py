@@ -11,7 +11,8 @@ import time
 import pytest
 from harness import OUTPUT, open_lab
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine"),
+              pytest.mark.timeout(300)]
 
 CELLS = [
     "import labdist as ld\nlab = ld.Lab(skew=2.0, pace=40)\nlab.show()",

@@ -10,7 +10,8 @@ import math
 import pytest
 from harness import OUTPUT, open_lab
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine"),
+              pytest.mark.timeout(300)]
 
 CELLS = ["import labdist as ld\nlab = ld.Lab(skew=2.0, pace=40)\nlab.show()", "lab.run()",
          "lab.close()"]

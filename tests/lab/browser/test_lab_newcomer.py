@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from harness import OUTPUT, open_lab
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine")]
 
 PACE = 40
 CELLS = [

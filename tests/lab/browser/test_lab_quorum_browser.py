@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from harness import OUTPUT, open_lab
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine"),
+              pytest.mark.timeout(300)]
 
 CELLS = [
     "import labdist as ld\nlab = ld.Lab(fault_tolerance='quorum', skew=2.0, pace=20)\n"

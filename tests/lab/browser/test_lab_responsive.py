@@ -38,7 +38,7 @@ from responsiveness import (
     kernel_view,
 )
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine")]
 
 PACE = 100  # steps/s, as bench/bench_lab.py runs it
 CELLS = [f"import labdist as ld\nlab = ld.Lab(num_replicas=2, skew=1.0, pace={PACE})\n"

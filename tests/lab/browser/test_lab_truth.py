@@ -13,7 +13,7 @@ import time
 import pytest
 from harness import OUTPUT, JupyterLab, Notebook, browser, write_notebook
 
-pytestmark = [pytest.mark.browser]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine")]
 
 CELLS = ["import labdist as ld\nlab = ld.Lab()\nlab.show()", "lab.run()", "lab.close()"]
 NOTE = "() => document.querySelector('.labdist-staleness').textContent"

@@ -10,7 +10,8 @@ import re
 import pytest
 from harness import OUTPUT, JupyterLab, Notebook, browser, open_lab, write_notebook
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine"),
+              pytest.mark.timeout(300)]
 
 CELLS = [
     "import time\nimport numpy as np\nimport labdist as ld\n"
