@@ -5,7 +5,9 @@ One dispatcher thread per worker takes the next function from a shared queue, ru
 worker and waits for the result; a free worker is whichever finishes first, so fast workers do
 more. Async `fit` runs `pipelined()`: a second dispatcher per worker sends it the next function
 while it runs the last (the worker runs them one at a time), so no worker waits a round trip
-to the driver between two. When a worker dies mid-function, the function goes back into the
+to the driver between two; only a worker that keeps pace with the fastest is sent one ahead,
+so a straggler never sits on a function a free worker could run (TF's rule: the first free
+worker takes it). When a worker dies mid-function, the function goes back into the
 queue (in schedule order, so ahead of later work; both of a pipelined worker's) and another
 worker runs it (at-least-once: what it pushed before dying stays pushed, as in TF).
 A lost parameter server stops everything with an error naming it. Closing (strategy.close())
@@ -42,6 +44,9 @@ from labdist.worker.ps.outcome import Ending, Outcome
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
 PIPELINE_DEPTH = 2  # async fit: functions a worker holds (one runs, the next waits there)
+# pipelined: a worker is sent its next function early only while its last one took at most
+# this many times the fastest worker's last one
+PACE_RATIO = 2.0
 
 
 class Coordinated:
@@ -91,6 +96,10 @@ class ClusterCoordinator:
         self._pipelined = 0  # how many callers asked for it (`pipelined`)
         self._token = uuid.uuid4().hex  # names this coordinator's order numbers on workers
         self._sent = [0] * self._group.num_workers  # functions sent to each worker so far
+        # each worker's time on its last function (from when it could start it to its
+        # result), and when that result came: who keeps pace, for pipelining
+        self._took: list[float | None] = [None] * self._group.num_workers
+        self._free_at = [0.0] * self._group.num_workers
         self._error: BaseException | None = None  # the first function error, for join
         self._fatal: BaseException | None = None  # a lost PS (or every worker): nothing runs
         self._alive = set(range(self._group.num_workers))
@@ -160,8 +169,12 @@ class ClusterCoordinator:
         function while it still runs the last, so it never waits for the driver between two
         (what `fit` uses). Functions still run one at a time on a worker, in arrival order;
         a worker may hold one function a free worker could have taken, so plain `schedule`
-        calls outside it keep TF's "the first free worker takes it"."""
+        calls outside it keep TF's "the first free worker takes it". A worker is sent one
+        ahead only while it keeps pace (its last function took at most PACE_RATIO times the
+        fastest worker's): a straggler takes its next function only when it is free."""
         with self._cv:
+            if not self._pipelined:  # paces seen before (another fit, another delay) are old
+                self._took = [None] * self._group.num_workers
             self._pipelined += 1
             self._cv.notify_all()
         try:
@@ -300,7 +313,7 @@ class ClusterCoordinator:
             with self._cv:
                 report_idle = not self._queue and self._group.bounded and not idle_reported
                 if not report_idle:
-                    while not self._takes_work(slot) and self._runnable(w):
+                    while not self._takes_work(w, slot) and self._runnable(w):
                         self._cv.wait()
                     if not self._runnable(w):
                         return
@@ -312,18 +325,33 @@ class ClusterCoordinator:
                     order = (self._token, seq, seq - 1 if busy else None)
                     self._in_flight[w, slot] = closure
                     closure.dispatched(self._unstall)
+                    sent = time.monotonic()
             if report_idle:  # no work for this worker: it must not hold others back (SSP)
                 idle_reported = True
                 self._group.worker_idle(w)
                 continue
             idle_reported = False
-            if not self._finish(w, slot, closure, self._execute(w, closure, order)):
+            outcome = self._execute(w, closure, order)
+            with self._cv:
+                now = time.monotonic()
+                self._took[w] = now - max(sent, self._free_at[w])
+                self._free_at[w] = now
+            if not self._finish(w, slot, closure, outcome):
                 return
 
-    def _takes_work(self, slot: int) -> bool:
-        """(Under the lock) whether dispatcher `slot` of a worker may take the next function:
-        slot 0 always, the others only while pipelined."""
-        return bool(self._queue) and (slot == 0 or self._pipelined > 0)
+    def _takes_work(self, w: int, slot: int) -> bool:
+        """(Under the lock) whether dispatcher `slot` of worker `w` may take the next
+        function: slot 0 always, the others only while pipelined and `w` keeps pace."""
+        if not self._queue:
+            return False
+        return slot == 0 or (self._pipelined > 0 and self._keeps_pace(w))
+
+    def _keeps_pace(self, w: int) -> bool:
+        """(Under the lock) whether worker `w`'s last function took at most PACE_RATIO times
+        the fastest worker's (unknown before its first: not yet)."""
+        took = self._took[w]
+        known = [self._took[v] for v in self._alive if self._took[v] is not None]
+        return took is not None and took <= PACE_RATIO * min(known)
 
     def _runnable(self, w: int) -> bool:
         return not self._closed and self._fatal is None and w in self._alive

@@ -3,7 +3,9 @@
 Async: every group of `steps_per_execution` global batches is one scheduled function; the
 worker that takes it pulls the weights, computes the gradient of each batch's mean loss and
 pushes it (the update rule runs on the parameter servers), step after step. Groups are
-scheduled ahead, so all workers train at once, each on its own batches.
+scheduled ahead, so all workers train at once, each on its own batches, and the first free
+worker takes the next group (TF's rule): a straggler does its speed's share, and `fit` takes
+results as they come, so the batch logs of async `fit` follow the order groups finished in.
 Sync: each global batch is split over `total_num_replicas` functions (like MirroredStrategy
 splits it over replicas); each pulls at its step (the barrier), pushes the gradient of its
 shard's mean loss with the shard's size, and the PSs average `replicas_to_aggregate` of them
@@ -45,8 +47,8 @@ def _window(strategy) -> int:
 def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
     coordinator = ClusterCoordinator(strategy)
     pending: deque = deque()
-    # pipelined: every worker holds its next group, so it never waits for the driver; a
-    # window one group a worker deeper, so there is a next group to hold
+    # pipelined: every worker that keeps pace holds its next group, so it never waits for the
+    # driver; a window one group a worker deeper, so there is a next group to hold
     window = _window(strategy) + strategy.num_workers
     with coordinator.pipelined(), _ending_early(coordinator, pending):
         for group in groups:
@@ -54,9 +56,9 @@ def _async(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
                                                 args=(step, list(group), iteration)))
             iteration += len(group)
             if len(pending) >= window:
-                yield _first(pending, lambda value: value.fetch())
+                yield _any(pending)
         while pending:
-            yield _first(pending, lambda value: value.fetch())
+            yield _any(pending)
 
 
 def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
@@ -84,6 +86,20 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
         while pending:
             yield _first(pending, lambda values: _settle(values, needed))
     coordinator.join()  # late backups' dropped gradients, so stats are final when fit returns
+
+
+def _any(pending: deque) -> list[tuple]:
+    """Async: the result of whichever group finished first (a straggler's group never holds
+    the others back: the window counts groups in flight, not the oldest one's age). It
+    leaves `pending` only once it has one."""
+    done: set = set()
+    while not done:  # short waits: ■ is answered within one
+        done, _ = concurrent.futures.wait([v.future for v in pending], timeout=0.25,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+    value = next(v for v in pending if v.future in done)
+    out = value.fetch()  # raises the function's error
+    pending.remove(value)
+    return out
 
 
 def _first(pending: deque, result):

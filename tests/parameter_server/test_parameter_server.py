@@ -565,6 +565,34 @@ def test_a_straggler_makes_stale_updates_and_the_bound_limits_them(client):
     assert bounded.updates_per_worker[1] >= 4
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_async_fit_hands_each_group_to_the_first_free_worker(client, steps_per_execution):
+    """TF's dispatch rule under `fit`: a straggler takes a group only when it is free, so while
+    it sleeps through one group the fast worker does the rest (issue 38: before, each worker
+    held groups ahead and `fit` waited for the straggler's in order: it did ~1/3 of them)."""
+    x, y, _, _ = digits()  # 22 batches of 64 an epoch
+    with ld.ParameterServerStrategy(client, num_workers=2) as s:
+        with s.scope():
+            model = ld.models.Sequential([
+                ld.layers.Dense(32, activation="relu", input_shape=(64,)),
+                ld.layers.Dense(10, activation="softmax")])
+            model.compile(loss="sparse_categorical_crossentropy",
+                          optimizer=ld.optimizers.SGD(0.05),
+                          steps_per_execution=steps_per_execution)
+        model.fit(x[:256], y[:256], epochs=1, batch_size=64, verbose=0)
+        before = s.stats().updates_per_worker
+        s.set_worker_delay(1, 2.0 / steps_per_execution)  # a group of its costs it 2 s
+        start = time.monotonic()
+        history = model.fit(x, y, epochs=2, batch_size=64, verbose=0)
+        seconds = time.monotonic() - start
+        after = s.stats().updates_per_worker
+    done = {w: after.get(w, 0) - before.get(w, 0) for w in (0, 1)}
+    assert sum(done.values()) == 44 and len(history.history["loss"]) == 2
+    # the straggler took its first group at once; the fast worker needs well under 2 s for
+    # the other 40-odd updates, so the straggler gets a second group only on a crowded machine
+    assert done[1] <= 2 * steps_per_execution, (done, seconds)
+
+
 def test_set_worker_delay_checks_its_arguments(client):
     with ld.ParameterServerStrategy(client, num_workers=2) as s:
         with pytest.raises(ValueError, match=r"worker=5 is not a worker"):
