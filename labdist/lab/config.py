@@ -78,7 +78,8 @@ class RunConfig:
     skew: replica r's share of every batch has its inputs shifted by `r * skew`.
     delays: seconds each replica / worker waits before its update (stragglers).
     use_locking: parameter servers serialise the updates of a variable.
-    sync_period: ON_READ averages the copies every this many steps (0: never).
+    sync_period: ON_READ averages the copies every this many steps (0: never; 10 by default,
+        so the copies are seen to part between two averages).
     resync: how copies that differ become one value when a switch needs one: "average" or
         "first" (replica 0's copy).
     pace: at most this many steps per second (0: as fast as possible), so people can watch.
@@ -106,7 +107,7 @@ class RunConfig:
     skew: float = 0.0
     delays: tuple[float, ...] = ()
     use_locking: bool = False
-    sync_period: int = 1
+    sync_period: int = 10  # ON_READ shows its copies part, then meet every 10 steps
     resync: str = "average"
     pace: float = 0.0
     apply_delay: float = 0.002

@@ -21,7 +21,8 @@ def _mirrored_spread(config: RunConfig) -> str:
         return f"{sync}, {agg}: replicas update on their own — spread grows"
     if sync == "ON_READ":
         period = config.sync_period
-        when = f"drops to 0 every {period} steps" if period else "never re-synced (period 0)"
+        every = "every step" if period == 1 else f"every {period} steps"
+        when = f"drops to 0 {every}" if period else "never re-synced (period 0)"
         return f"ON_READ: each replica updates its own copy — spread grows, {when}"
     return f"ON_WRITE {agg}: every update is applied to each copy — spread stays 0"
 

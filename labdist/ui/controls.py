@@ -62,7 +62,7 @@ class Controls:
                        for r in range(n)]
         self.use_locking = w.Checkbox(value=False, description="use_locking (PS)",
                                       style=STYLE, layout=WIDE)
-        self.sync_period = w.IntSlider(value=1, min=0, max=50, description="ON_READ period",
+        self.sync_period = w.IntSlider(value=10, min=0, max=50, description="ON_READ period",
                                        style=STYLE, layout=WIDE)
         self.resync = _toggle("resync", [("average", "average"), ("replica 0", "first")],
                               "how differing copies become one on a switch", "90px")

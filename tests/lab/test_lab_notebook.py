@@ -65,7 +65,7 @@ def test_runs_headless_without_stray_output(tmp_path):
     got = json.loads(out.text)
     assert got["state"] == "idle" and got["kind"] == "mirrored"
     assert got["steps"] == 150 + 150 + 100 + 100 + 100
-    assert got["events"][:2] == ["synchronization ON_WRITE → ON_READ; sync_period 1 → 0",
+    assert got["events"][:2] == ["synchronization ON_WRITE → ON_READ; sync_period 10 → 0",
                                  "synchronization ON_READ → ON_WRITE"]
     assert got["events"][2].startswith("kind mirrored → ps_async; delays [0.0, 0.0] → ")
     assert got["spread"] == [0.0, 0.0] and got["max_spread"] > 0.05  # drifted, then rejoined
