@@ -63,6 +63,17 @@ class Lifetime:
             self.group.close()
 
 
+def live_owners() -> list[Any]:
+    """The strategies (and labs) alive and not closed, in no order: what `ld.profile` records
+    when no cluster is named."""
+    owners = []
+    for lifetime in list(_live):
+        found = None if lifetime._closed else lifetime._finalizer.peek()
+        if found is not None:
+            owners.append(found[0])
+    return owners
+
+
 def _follow_cells() -> None:
     """In a notebook, collect once after a cell that began a strategy: the cell that is run
     again rebinds its name, and the strategy it held goes now, not at the next one."""

@@ -43,13 +43,14 @@ def encode(processes: list[dict[str, Any]], origin: float) -> str:
     return join(fragments, origin)
 
 
-def gather(client: Any | None, since: float) -> str:
+def gather(clients: list[Any], since: float) -> str:
     """Every process's spans begun since `since` (driver's clock) as a trace, times in µs
-    after `since`: each worker formats its own spans at once, shifted by its clock offset
-    (trace_events.worker_fragment), so the driver only joins text and draws the flows. The
-    same text as `encode(timeline.collect(client, since, shifted=False), since)`."""
+    after `since`, from the workers of each of `clients`: each worker formats its own spans
+    at once, shifted by its clock offset (trace_events.worker_fragment), so the driver only
+    joins text and draws the flows. The same text as
+    `encode(timeline.collect(client, since, shifted=False), since)` for one client."""
     fragments = []
-    if client is not None:
+    for client in clients:
         offsets = timeline.known_offsets(client)
         found = client.run(trace_events.worker_fragment, timeline.earliest(since, offsets),
                            since, offsets)
@@ -57,7 +58,7 @@ def gather(client: Any | None, since: float) -> str:
             offsets = timeline.known_offsets(client, again=True)
             found = client.run(trace_events.worker_fragment,
                                timeline.earliest(since, offsets), since, offsets)
-        fragments = [f for _, f in sorted(found.items()) if f is not None]
+        fragments += [f for _, f in sorted(found.items()) if f is not None]
     local = phases.snapshot(since)
     if all(f["pid"] != local["pid"] for f in fragments):  # a LocalCluster with threads
         fragments.append(trace_events.fragment(local["spans"], local["pid"], "driver",
@@ -116,23 +117,35 @@ def _pid(fragment: dict[str, Any]) -> int:
     return fragment["pid"]
 
 
-def _client_of(where: Any) -> Any:
+def _clients_of(where: Any) -> list[Any]:
+    """The Dask clients whose workers a trace covers: `where`'s (a strategy or a client);
+    with none named, Dask's default client if there is one, else every live labdist
+    strategy's cluster (an embedded one is not Dask's default)."""
     if where is None:
-        try:
-            from distributed import default_client
+        from distributed import default_client
 
-            return default_client()
-        except ValueError:  # no client: the driver's own spans only
-            return None
-    client = getattr(where, "client", where)  # a strategy, or a distributed.Client
-    # a strategy without a cluster (OneDeviceStrategy): the driver's own spans only
-    return client if hasattr(client, "scheduler_info") else None
+        try:
+            return [default_client()]
+        except ValueError:  # no default client: every live strategy's own cluster
+            from labdist.cluster import reaper
+
+            candidates = reaper.live_owners()
+    else:
+        candidates = [where]
+    clients: dict[int, Any] = {}
+    for c in candidates:
+        client = getattr(c, "client", c)  # a strategy, or a distributed.Client
+        # a strategy without a cluster (OneDeviceStrategy), a lab: the driver's spans only
+        if hasattr(client, "scheduler_info") and client.status == "running":
+            clients.setdefault(id(client), client)
+    return list(clients.values())
 
 
 @contextmanager
 def profile(path: str | os.PathLike, client: Any = None) -> Iterator[str]:
     """Record every process's phases while the body runs; write them to `path` as a Chrome
-    trace. `client`: a distributed.Client or a strategy (default: Dask's default client)."""
+    trace. `client`: a distributed.Client or a strategy (default: Dask's default client, or
+    with none, the clusters of every labdist strategy alive: embedded ones included)."""
     path = os.fspath(path)
     try:
         with open(path, "w") as f:  # fail here, before any training, if we cannot write
@@ -141,11 +154,11 @@ def profile(path: str | os.PathLike, client: Any = None) -> Iterator[str]:
         raise ValueError(
             f"profile(path={path!r}): cannot write a trace there ({e.strerror}); give a file "
             "path in an existing, writable folder") from None
-    client = _client_of(client)
+    clients = _clients_of(client)
     start = time.time()
     try:
         yield path
     finally:
-        text = gather(client, start)
+        text = gather(clients, start)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)  # one write of the whole text

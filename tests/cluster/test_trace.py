@@ -54,6 +54,26 @@ def validate(trace: dict) -> list[dict]:
 
 
 @pytest.mark.timeout(120)
+def test_profile_with_no_cluster_named_covers_every_live_strategy(mirrored2, tmp_path):
+    """An embedded cluster is not Dask's default client: with none named (and no default),
+    `profile` records every live labdist strategy's workers, not the driver alone (issue 38).
+    """
+    from distributed import default_client
+
+    with pytest.raises(ValueError):
+        default_client()  # the suite's strategies run embedded clusters: no default
+    mirrored2.run(straggling_step)
+    path = tmp_path / "trace.json"
+    with ld.profile(path):
+        time.sleep(0.1)
+        for _ in range(3):
+            mirrored2.run(straggling_step)
+    trace = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert any("(replica 0)" in n for n in names) and any("(replica 1)" in n for n in names)
+
+
+@pytest.mark.timeout(120)
 def test_trace_of_a_straggling_sync_run(mirrored2, tmp_path):
     mirrored2.run(straggling_step)
     path = tmp_path / "trace.json"
@@ -203,7 +223,7 @@ def test_worker_formatted_trace_is_the_driver_formatted_one(mirrored2):
         mirrored2.run(straggling_step)
     client = mirrored2.client
     on_driver = trace.encode(timeline.collect(client, since, shifted=False), since)
-    on_workers = trace.gather(client, since)
+    on_workers = trace.gather([client], since)
     assert on_workers == on_driver
     spans = validate(json.loads(on_workers))
     assert {"step", "compute", "wait", "comm", "driver"} <= {e["name"] for e in spans}
@@ -232,7 +252,7 @@ def test_worker_formatted_flows_are_the_driver_formatted_ones():
             coordinator.join()
             assert [x.fetch() for x in values] == list(range(12))
             on_driver = trace.encode(timeline.collect(client, since, shifted=False), since)
-            on_workers = trace.gather(client, since)
+            on_workers = trace.gather([client], since)
         finally:
             s.close()
     assert on_workers == on_driver
