@@ -60,6 +60,7 @@ class StepRecord:
     # `residual_norm`; `since` (inner steps into the round), and when a round closed this
     # step, the norms of the averaged pseudo-gradient and of the outer step (else None)
     communication: dict | None = None
+    sent: list[int] | None = None  # mirrored: array bytes each replica sent its peers
     time: float = field(default_factory=time.time)
 
     @property
@@ -159,10 +160,11 @@ class MirroredEngine:
             columns = [self.strategy.experimental_local_results(o) for o in out]
         losses, sizes, flats = columns[:3]
         comm = self.modes.record(columns[3]) if communicating else None
+        sent = comm["bytes"] if comm is not None else [int(b) for b in columns[3]]
         n = self.num_replicas = len(flats)
         self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
-                           np.stack(flats), contributions=n, communication=comm)]
+                           np.stack(flats), contributions=n, communication=comm, sent=sent)]
 
     def take_changes(self) -> list[tuple[MembershipChange, list[str]]]:
         """Quorum mode: the membership changes since the last call, each with the workers

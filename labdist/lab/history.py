@@ -52,7 +52,8 @@ class RunHistory:
     """Per-step columns (`step`, `kind`, `loss` (steps x replicas), `global_loss`, `spread`,
     `tracked[name]` (steps x replicas), `contributions`, `worker` (async PS: whose update the
     step was, else None), `communication` (mirrored with compression / local SGD: what it sent,
-    see StepRecord), `time`) and the `events`. A switch adds a row (contributions 0)
+    see StepRecord), `sent` (mirrored: array bytes each replica sent, compressed or not, else
+    None), `time`) and the `events`. A switch adds a row (contributions 0)
     with the copies right after the switch. `diverged_at`: the step a run diverged at."""
 
     track: list[str]
@@ -66,6 +67,7 @@ class RunHistory:
     contributions: list[int] = field(default_factory=list)
     worker: list[int | None] = field(default_factory=list)
     communication: list[dict | None] = field(default_factory=list)
+    sent: list[list[int] | None] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     last_values: np.ndarray | None = None  # every parameter of every copy, latest row
@@ -82,7 +84,7 @@ class RunHistory:
                "tracked": record.values[:, self.track_index].T.tolist(),
                "contributions": record.contributions, "worker": record.worker,
                "time": record.time, "plane": record.values,
-               "communication": record.communication}
+               "communication": record.communication, "sent": record.sent}
         with self._lock:
             self.step.append(record.step)
             self.kind.append(record.kind)
@@ -93,6 +95,7 @@ class RunHistory:
             self.contributions.append(record.contributions)
             self.worker.append(record.worker)
             self.communication.append(record.communication)
+            self.sent.append(record.sent)
             self.time.append(record.time)
             if record.worker is not None:
                 self.updates_per_worker[record.worker] += 1
@@ -134,7 +137,8 @@ class RunHistory:
     def clear(self) -> None:
         with self._lock:
             for name in ("step", "kind", "loss", "global_loss", "spread", "values",
-                         "contributions", "worker", "communication", "time", "events"):
+                         "contributions", "worker", "communication", "sent", "time",
+                         "events"):
                 getattr(self, name).clear()
             self._recent.clear()
             self._by_worker.clear()

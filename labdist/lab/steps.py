@@ -31,9 +31,11 @@ def _summary(ctx, model, variables, x, y, lr, rank, skew) -> tuple[float, int, d
 
 
 def mirrored_step(variables: dict[str, Any], model, x, y, lr: float, skew: float,
-                  delay: float, average: bool) -> tuple[float, int, np.ndarray]:
-    """One replica's step: (loss on its shard, shard size, its copy after the step, flat)."""
+                  delay: float, average: bool) -> tuple[float, int, np.ndarray, int]:
+    """One replica's step: (loss on its shard, shard size, its copy after the step, flat,
+    array bytes it sent its peers: the uncompressed all-reduce a compressor saves against)."""
     ctx = get_replica_context()
+    sent_before = ctx.bytes_sent
     if delay > 0:  # a straggler: the others wait for it in the next collective
         time.sleep(float(delay))
     loss, n, _ = _summary(ctx, model, variables, x, y, lr, ctx.replica_id_in_sync_group, skew)
@@ -42,7 +44,7 @@ def mirrored_step(variables: dict[str, Any], model, x, y, lr: float, skew: float
             v.assign(ctx.all_reduce("MEAN", v.read_value()), read_value=False)
     flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
                            for v in variables.values()])
-    return loss, n, flat
+    return loss, n, flat, int(ctx.bytes_sent - sent_before)
 
 
 def ps_step(variable: Any, spec, model, x, y, bounds: list[int], lr: float,

@@ -32,14 +32,19 @@ def make_charts(lab) -> dict[str, LineChart]:
 
 
 def captions(config: RunConfig) -> dict[str, str]:
-    if config.kind.is_ps or not config.communicates_less:
-        off = ("off: set a compressor or local steps (mirrored ON_WRITE, MEAN or SUM) to "
-               "fill it")
-        return {"bytes": off, "residual": off, "outer": off}
+    off = ("off: set a compressor or local steps (mirrored ON_WRITE, MEAN or SUM) to "
+           "fill it")
+    if config.kind.is_ps:
+        return {"bytes": "mirrored only: parameter servers' pulls and pushes are not shown",
+                "residual": off, "outer": off}
+    if not config.communicates_less:
+        return {"bytes": ("uncompressed: what each replica sent its peers this step — the "
+                          "baseline a compressor saves against"), "residual": off,
+                "outer": off}
     comp = config.compression
     return {
         "bytes": (f"{comp}: what each replica sent its peers this step" if comp != "none"
-                  else "uncompressed all-reduce bytes") +
+                  else "uncompressed all-reduce bytes") + _cost(comp) +
                  (f"; local SGD: 0 on inner steps, a burst every {config.local_steps}"
                   if config.local_steps else ""),
         "residual": ("what compression dropped and will send with the next gradient (error "
@@ -63,7 +68,10 @@ class Feed:
         x = [r["step"] for r in rows]
         nothing = [NAN] * self.n  # a gap
         comm = [r.get("communication") for r in rows]
-        self.charts["bytes"].append(x, _columns([c["bytes"] if c else nothing for c in comm]))
+        sent = [r.get("sent") for r in rows]  # every mirrored step's, compressed or not
+        # a quorum lab that lost a replica sends fewer columns: the missing ones are gaps
+        self.charts["bytes"].append(x, _columns([(list(b) + nothing)[:self.n] if b
+                                                 else nothing for b in sent]))
         self.charts["residual"].append(x, _columns([c["residual_norm"] if c else nothing
                                                     for c in comm]))
         outer = []
@@ -74,6 +82,17 @@ class Feed:
                 self._outer = (c["pseudo_norm"], c["outer_norm"])
             outer.append(self._outer)
         self.charts["outer"].append(x, _columns(outer))
+
+
+def _cost(comp: str) -> str:
+    """When a compressor cannot pay, in words: what it sends besides the values."""
+    if comp == "topk":
+        return (" (each kept value travels with its index: on a model of a few parameters "
+                "that is more than the uncompressed step; it pays on large gradients)")
+    if comp == "powersgd":
+        return (" (two low-rank factors per matrix: on a tiny or vector-shaped model about "
+                "what the uncompressed step sends; it pays on large matrices)")
+    return ""
 
 
 def _columns(per_step: list) -> list[list]:

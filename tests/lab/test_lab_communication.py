@@ -154,10 +154,12 @@ def test_compression_shows_residuals_and_fewer_bytes(strategy):
         plain = [s["bytes_sent"] - b for s, b in zip(strategy.communication_stats(), before,
                                                       strict=True)]
         assert lab.history.communication[-1] is None and min(plain) > 0
+        assert lab.history.sent[-1] == plain  # the uncompressed baseline, shown every step
         lab.set(compression="fp16")
         lab.step(3)
         lab.wait()
         fp16 = lab.history.communication[-1]
+        assert lab.history.sent[-1] == fp16["bytes"]
         assert fp16["bytes"] == [p // 4 for p in plain]  # float64 weights, sent as fp16
         lab.set(compression="topk", topk_ratio=0.5)
         lab.step(3)

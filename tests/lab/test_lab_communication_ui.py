@@ -49,8 +49,9 @@ def test_the_controls_switch_the_modes_and_the_charts_show_them(strategy):
         sent = capture(panel)
         controls = panel.controls.communication
         assert controls.outer_lr.disabled and controls.topk_ratio.disabled
-        lab.step(2)  # plain: gaps in the communication charts
+        lab.step(2)  # plain: the uncompressed bytes (the baseline), gaps in the other charts
         settle(panel, lab)
+        assert "baseline" in panel.charts["bytes"].caption
         controls.local_steps.value = 3
         controls.compression.value = "fp16"
         lab.step(6)
@@ -60,8 +61,9 @@ def test_the_controls_switch_the_modes_and_the_charts_show_them(strategy):
         assert "snaps it to 0" in panel.charts["spread"].caption
         x, (b0, b1) = points(sent, "bytes")
         assert x == list(range(1, 9))
-        assert b0[:2] == [None, None] and b1 == b0  # both replicas send as much
+        assert b1 == b0 and b0[0] == b0[1] > 0  # both replicas send as much, every step
         assert [b > 0 for b in b0[2:]] == [False, False, True] * 2  # a burst every 3 steps
+        assert b0[0] > b0[4]  # fp16's burst is smaller than a plain step
         _, (pseudo, outer) = points(sent, "outer")
         assert pseudo[:4] == [None] * 4 and pseudo[4] > 0 and pseudo[4:7] == [pseudo[4]] * 3
         assert outer[4] > 0
@@ -77,4 +79,5 @@ def test_the_controls_switch_the_modes_and_the_charts_show_them(strategy):
         settle(panel, lab)
         assert controls.compression.disabled and controls.local_steps.disabled
         assert "off:" in panel.charts["outer"].caption
+        assert "mirrored only" in panel.charts["bytes"].caption
         panel.close()
