@@ -102,19 +102,27 @@ def summary(processes: list[dict[str, Any]], last: int = 100) -> str:
     long the others waited; sync parameter servers: who was last to the barrier and how long
     the others waited there; async: no waiting, and how stale pushes landed."""
     per_run: dict[int, dict[int, float]] = {}  # run -> rank -> seconds waited
+    talked: set[int] = set()  # runs in which some replica spent time in a collective
     barrier: dict[int, list[float]] = {}  # PS worker -> seconds waited at a barrier, per step
     pulls: dict[int, list[float]] = {}  # PS worker -> seconds pulling, per step
     for proc in processes:
         steps = [s for s in proc["spans"] if s[0] == phases.STEP]  # phase_totals' order
-        for span, waited, pulled in zip(steps, phase_totals(proc, "wait"),
-                                        phase_totals(proc, "pull"), strict=True):
+        for span, waited, pulled, comm in zip(steps, phase_totals(proc, "wait"),
+                                              phase_totals(proc, "pull"),
+                                              phase_totals(proc, "comm"), strict=True):
             args = span[4] or {}
             if "rank" in args and "run" in args:
                 per_run.setdefault(args["run"], {})[args["rank"]] = waited
+                if waited or comm:
+                    talked.add(args["run"])
             elif "worker" in args:
                 barrier.setdefault(args["worker"], []).append(waited)
                 pulls.setdefault(args["worker"], []).append(pulled)
-    runs = [per_run[r] for r in sorted(per_run) if len(per_run[r]) > 1][-last:]
+    mirrored = [r for r in sorted(per_run) if len(per_run[r]) > 1][-last:]
+    runs = [per_run[r] for r in mirrored if r in talked]
+    if mirrored and not runs:  # ON_READ without averaging, local steps: nobody meets
+        return (f"sync replicas, no collective in the last {len(mirrored)} steps: each "
+                "replica steps alone and nobody waits")
     if runs:
         lasts = [min(w, key=w.get) for w in runs]  # the last to arrive never waits
         slowest = max(set(lasts), key=lasts.count)

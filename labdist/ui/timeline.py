@@ -79,21 +79,33 @@ class TimelineChart(StreamChart):
         """Draw the last `steps` steps of each lane of `processes` (timeline.collect's)."""
         lanes, bars = [], []
         end = max((s[2] for p in processes for s in p["spans"]), default=0.0)
+        since = self._since(processes)
         for proc in sorted(processes, key=lane_name):
-            spans = [s for s in proc["spans"] if s[0] != phases.STEP]
-            steps = sorted(s[1] for s in proc["spans"] if s[0] == phases.STEP)
+            spans = [s for s in proc["spans"] if s[0] != phases.STEP and s[2] > since]
             if not spans:
                 continue
-            since = steps[-self.steps] if len(steps) >= self.steps else min(s[1] for s in spans)
             lane = len(lanes)
             lanes.append(lane_name(proc))
-            bars += [[lane, round((s[1] - end) * 1e3, 3), round((s[2] - end) * 1e3, 3), s[0]]
-                     for s in spans if s[1] >= since]
+            bars += [[lane, round((max(s[1], since) - end) * 1e3, 3),
+                      round((s[2] - end) * 1e3, 3), s[0]] for s in spans]
         marks = [[round((at - end) * 1e3, 3), label] for at, label in self._marks]
         with self._delta_lock:
             self._window = {"lanes": lanes, "bars": bars, "marks": marks, "end": end}
             self.note = timeline.summary(processes)
             self._emit({"type": "snapshot", **self._snapshot()})
+
+    def _since(self, processes: list[dict[str, Any]]) -> float:
+        """One window for every lane: from the earliest of the lanes' `steps`-th last step
+        start, so each lane shows at least its last `steps` steps and lanes without steps
+        (the driver, a parameter server) show the same stretch of time, not all they hold."""
+        starts = []
+        for proc in processes:
+            steps = sorted(s[1] for s in proc["spans"] if s[0] == phases.STEP)
+            if steps:
+                starts.append(steps[-self.steps] if len(steps) >= self.steps else steps[0])
+        if starts:
+            return min(starts)
+        return min((s[1] for p in processes for s in p["spans"]), default=0.0)
 
     def _snapshot(self) -> dict:
         return dict(self._window)

@@ -46,6 +46,10 @@ def test_a_straggler_shows_as_the_other_lane_waiting(mirrored2):
     assert waits[0] > 5 * 25 and waits[1] < 5 * 10, waits  # ms over the last 5 steps
     steps0 = sum(1 for ln, _, _, p in window["bars"] if ln == 1 and p == "wait")
     assert steps0 == 5  # the last `steps` steps only, one wait each
+    # one window for every lane: the driver's lane (no steps of its own) shows the same
+    # stretch of time as the replicas', not everything recorded since `since` (issue 38)
+    first = {lane: min(a for ln, a, _, _ in window["bars"] if ln == lane) for lane in (0, 1, 2)}
+    assert first[0] >= min(first[1], first[2]), first
     assert all(p in PHASE_COLORS for *_, p in window["bars"])
     assert all(b <= 0 for _, _, b, _ in window["bars"])  # ms before the latest span
     ((at, label),) = window["marks"]
@@ -91,3 +95,20 @@ def test_the_lab_panel_shows_who_waits(mirrored2):
     assert chart.note.startswith("sync: replica 1 was last"), chart.note
     assert "delays" in chart.window["marks"][-1][1]
     assert chart.window["lanes"] == ["driver", "replica 0", "replica 1"]
+
+
+def lonely_step():
+    ctx = ld.get_replica_context()
+    return float(np.ones(8).sum()) + ctx.replica_id_in_sync_group
+
+
+@pytest.mark.timeout(120)
+def test_steps_without_collectives_are_not_said_to_wait(mirrored2):
+    """ON_READ with no averaging: the replicas never meet, so the line in words names nobody
+    as last to the collectives (issue 38: it said "replica 0 ... in 100 %")."""
+    since = time.time()
+    for _ in range(5):
+        mirrored2.run(lonely_step)
+    note = timeline.summary(timeline.collect(mirrored2.client, since))
+    assert note.startswith("sync replicas, no collective in the last"), note
+    assert "last to the collectives" not in note
