@@ -261,20 +261,27 @@ class Publisher:
 
     # -- the loss surface (two-parameter models) ------------------------------------------
     def _surface(self, points: list[np.ndarray] | None = None, force: bool = False) -> None:
-        """Recompute when the skew changed, or a path left the box (at most twice a
-        second)."""
+        """Recompute when the skew changed, a path left the box, or the box has become far
+        larger than the recent paths need (the axes come back after a blow-up); at most
+        twice a second."""
         plane = self.charts["plane"]
         skew = self.lab.pending_config().skew
         box = plane.bounds
+        bounds = None
         if not force and box is not None and skew == self._surface_skew:
+            if time.monotonic() - self._surface_at < 0.5:
+                return
             pts = np.concatenate(points) if points else np.empty((0, 2))
             inside = ((pts[:, 0] >= box[0]) & (pts[:, 0] <= box[1])
                       & (pts[:, 1] >= box[2]) & (pts[:, 1] <= box[3]))
-            if inside.all() or time.monotonic() - self._surface_at < 0.5:
-                return
+            if inside.all():
+                bounds = self._box(skew)
+                if not _much_smaller(bounds, box):
+                    self._surface_at = time.monotonic()  # checked: the next check in 0.5 s
+                    return
         self._surface_at = time.monotonic()
         self._surface_skew = skew
-        bounds = self._box(skew)
+        bounds = bounds or self._box(skew)
         if not np.isfinite(bounds).all() or max(map(abs, bounds)) > 1e100:
             return  # a box around a blown-up path: keep the last surface
         a = np.linspace(bounds[0], bounds[1], GRID)
@@ -345,3 +352,8 @@ def _rows_of(points: np.ndarray, n: int) -> np.ndarray:
     point (the plane's paths advance together; in mirrored modes the copies are equal)."""
     return points if len(points) >= n else np.vstack([points, np.repeat(points[:1],
                                                                         n - len(points), 0)])
+
+
+def _much_smaller(wanted: tuple[float, ...], box: tuple[float, ...]) -> bool:
+    """Whether the box the recent paths need is under a third of the shown one on an axis."""
+    return any(wanted[i + 1] - wanted[i] < (box[i + 1] - box[i]) / 3 for i in (0, 2))

@@ -192,6 +192,30 @@ def test_the_surface_follows_the_skew(strategy):
         panel.close()
 
 
+def test_the_planes_axes_come_back_after_a_blow_up(strategy):
+    """A path that flew far out widens the box; once the last 200 points are back near the
+    optimum, the box shrinks to them again (issue 38: it stayed at 30 for good)."""
+    with ld.Lab(strategy, skew=0.0) as lab:
+        panel = LabPanel(lab)
+        capture(panel)
+        time.sleep(3 / RATE_HZ)
+        plane, publisher = panel.charts["plane"], panel.publisher
+        calm = plane.bounds[1] - plane.bounds[0]
+        far = np.array([[30.0, 30.0], [-30.0, -30.0]])
+        plane.append([far])
+        time.sleep(0.6)
+        publisher._surface(points=[far])
+        assert plane.bounds[1] - plane.bounds[0] > 50  # the box holds the excursion
+        x, y = lab.data
+        best = lab.model.solve(x, y)
+        near = np.array([[float(best["w"]), float(best["b"])]] * 2)
+        plane.append([near] * 200)  # the paths came back and stayed
+        time.sleep(0.6)
+        publisher._surface(points=[near])
+        assert plane.bounds[1] - plane.bounds[0] < 2 * calm
+        panel.close()
+
+
 def test_widget_modules_are_found_and_ship_in_the_wheel(tmp_path):
     for name in WIDGETS:
         assert esm(name).lstrip().startswith("//")
