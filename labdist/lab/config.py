@@ -301,6 +301,16 @@ def _network(value: Any) -> dict[str, Any]:
                     "bandwidth=...), or None / 'off' for full speed")
 
 
+def describe_setting(name: str, value: Any) -> str | None:
+    """A setting in the units the controls and the status line use (latency in ms, bandwidth
+    as a rate), for event texts and chart marks; None: no unit to add."""
+    if name == "latency" and isinstance(value, int | float):
+        return f"{value * 1e3:g} ms"
+    if name == "bandwidth":
+        return "unlimited" if value is None else describe_rate(value)
+    return None
+
+
 def describe_rate(bytes_per_s: float) -> str:
     """"100 MB/s" for 1e8 (decimal units, as a link is quoted)."""
     for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):

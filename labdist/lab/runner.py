@@ -31,7 +31,7 @@ import numpy as np
 
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.lab.batch_stream import BatchStream
-from labdist.lab.config import RunConfig
+from labdist.lab.config import RunConfig, describe_setting
 from labdist.lab.divergence import DivergenceError, find
 from labdist.lab.engines import StepRecord
 from labdist.lab.history import Event, RunHistory
@@ -352,7 +352,7 @@ class Runner:
         self.link.configure(new, self.engine)
         self.config = new
         self._next_at = 0.0
-        text = "; ".join(f"{k} {_plain(a)} → {_plain(b)}" for k, (a, b) in diff.items())
+        text = "; ".join(f"{k} {_shown(k, a)} → {_shown(k, b)}" for k, (a, b) in diff.items())
         event = Event(self.completed, text, diff, min(t for _, t, _ in changes), time.time(),
                       min(s for *_, s in changes))
         self.history.events.append(event)
@@ -384,6 +384,12 @@ def _resized(config: RunConfig, n: int) -> RunConfig:
     """`config` with one delay per replica of `n` (a lost replica's dropped, a new one's 0)."""
     delays = tuple(config.delays[:n]) + (0.0,) * max(0, n - len(config.delays))
     return config if delays == config.delays else dataclasses.replace(config, delays=delays)
+
+
+def _shown(name: str, value: Any) -> Any:
+    """An event text's value: in the controls' units where a setting has one."""
+    described = describe_setting(name, value)
+    return _plain(value) if described is None else described
 
 
 def _plain(value: Any) -> Any:

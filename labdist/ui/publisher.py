@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.lab.config import describe_setting
 from labdist.ui import communication
 from labdist.ui.captions import captions
 
@@ -332,8 +333,9 @@ class Publisher:
 
 
 def _short(value: Any, name: str = "") -> str:
-    if name == "bandwidth" and value is None:
-        return "unlimited"
+    described = describe_setting(name, value)
+    if described is not None:
+        return described
     if value == "ONLY_FIRST_REPLICA":
         return "FIRST"
     if isinstance(value, float):

@@ -90,7 +90,7 @@ def test_a_bad_value_mid_run_changes_nothing(strategy):
             assert lab.pending_config().latency == 0.003  # nothing queued
         lab.step(2)
         assert lab.config.latency == 0.003 and links(strategy) == [ld.NetworkModel(0.003)] * 2
-        assert [e.text for e in lab.events] == ["latency 0.0 → 0.003"]
+        assert [e.text for e in lab.events] == ["latency 0 ms → 3 ms"]  # the controls' unit
     assert links(strategy) == [None, None]  # the lab took its model off when it closed
 
 
@@ -111,7 +111,8 @@ def test_a_slow_link_stretches_sync_all_reduce_while_async_keeps_computing(strat
         assert links(strategy) == [None, None]
         texts = [e.text for e in lab.events]
     print(f"mirrored free {free}\nmirrored {LATENCY_S * 1e3:g} ms {slow}\nPS async {ps}")
-    assert texts[0] == f"latency 0.0 → {LATENCY_S}" and texts[-1] == f"latency {LATENCY_S} → 0.0"
+    ms = f"{LATENCY_S * 1e3:g} ms"
+    assert texts[0] == f"latency 0 ms → {ms}" and texts[-1] == f"latency {ms} → 0 ms"
     # the lab's step all-reduces w and b: two collectives, each paying the latency
     assert len(slow["comm_ms"]) == 2 and min(slow["comm_ms"]) >= 0.8 * 2e3 * LATENCY_S, slow
     assert max(free["comm_ms"]) < 0.25 * min(slow["comm_ms"]), (free, slow)
@@ -159,6 +160,6 @@ def test_the_network_controls_set_the_link_and_the_timeline_marks_the_switch(str
         chart = panel.charts["timeline"]
         chart.refresh(strategy.client, seconds=30)
         marks = [label for _, label in chart.window["marks"]]
-        assert any("latency → 0.004" in m for m in marks), marks
-        assert any("latency → 0, bandwidth → unlimited" in m for m in marks), marks
+        assert any("latency → 4 ms" in m for m in marks), marks
+        assert any("latency → 0 ms, bandwidth → unlimited" in m for m in marks), marks
         panel.close()

@@ -139,11 +139,11 @@ def test_the_lab_timeline_is_in_view_and_shows_a_straggler_and_a_slow_link(tmp_p
 
         page.locator(".labdist-network").get_by_text("network (a slow link)").click()
         _set_readout(page, "network-latency", "20")
-        page.locator(".labdist-log", has_text="latency → 0.02").wait_for(timeout=30_000)
+        page.locator(".labdist-log", has_text="latency → 20 ms").wait_for(timeout=30_000)
         page.locator(".labdist-status", has_text="link 20 ms").wait_for(timeout=10_000)
         page.wait_for_function(
             "() => { const s = document.querySelector('.labdist-timeline').labdist;"
-            " return s.shownMarks.some(m => m.includes('latency → 0.02')); }", timeout=30_000)
+            " return s.shownMarks.some(m => m.includes('latency → 20 ms')); }", timeout=30_000)
         page.wait_for_function(
             "() => { const s = document.querySelector('.labdist-timeline').labdist;"
             " return s.bars.filter(b => b[3] === 'comm' && b[2] - b[1] > 15).length >= 10; }",
@@ -152,7 +152,7 @@ def test_the_lab_timeline_is_in_view_and_shows_a_straggler_and_a_slow_link(tmp_p
         assert all(max(comm[f"replica {r}"]) > 15 for r in (0, 1)), comm
         page.screenshot(path=str(OUTPUT / "lab-timeline-slow-link-1280x800.png"))
         page.locator(".labdist-network-off").click()
-        page.locator(".labdist-log", has_text="latency → 0").last.wait_for(timeout=30_000)
+        page.locator(".labdist-log", has_text="latency → 0 ms").last.wait_for(timeout=30_000)
 
         # PS async with the same straggler: the workers pull and push, nobody waits
         page.locator(".labdist-kind button").filter(has_text=re.compile("^PS async$")).click()
