@@ -13,7 +13,8 @@ from labdist.lab.config import RunConfig, describe_rate
 
 WIDE = w.Layout(width="262px")  # inside the section's padding
 STYLE = {"description_width": "112px"}
-BANDWIDTHS = [("unlimited", None), ("1 GB/s", 1e9), ("100 MB/s", 1e8), ("10 MB/s", 1e7),
+# "unlimited" is 0 here (a Dropdown shows a None value as a blank box), None for the lab
+BANDWIDTHS = [("unlimited", 0.0), ("1 GB/s", 1e9), ("100 MB/s", 1e8), ("10 MB/s", 1e7),
               ("1 MB/s", 1e6), ("100 KB/s", 1e5), ("10 KB/s", 1e4)]
 
 
@@ -29,14 +30,14 @@ class Controls:
                                      continuous_update=False,
                                      tooltip="each message between workers takes this long "
                                      "more (0: none)")
-        self.bandwidth = w.Dropdown(options=list(BANDWIDTHS), value=None,
+        self.bandwidth = w.Dropdown(options=list(BANDWIDTHS), value=0.0,
                                     description="bandwidth", style=STYLE, layout=WIDE,
                                     tooltip="bytes per second of each worker's link")
         self.off = w.Button(description="off (full speed)", layout=w.Layout(width="140px"))
         for name in ("latency", "bandwidth", "off"):
             getattr(self, name).add_class(f"labdist-network-{name}")
         self.latency.observe(self._changed("latency", lambda v: float(v) / 1e3), names="value")
-        self.bandwidth.observe(self._changed("bandwidth", lambda v: v), names="value")
+        self.bandwidth.observe(self._changed("bandwidth", lambda v: v or None), names="value")
         self.off.on_click(lambda _b: self._send(network=None))
 
     def _changed(self, name: str, convert: Callable):
@@ -50,10 +51,11 @@ class Controls:
         if fields is None or "latency" in fields:
             self.latency.value = min(config.latency * 1e3, self.latency.max)
         if fields is None or "bandwidth" in fields:
-            if config.bandwidth not in [v for _, v in self.bandwidth.options]:
+            shown = config.bandwidth or 0.0
+            if shown not in [v for _, v in self.bandwidth.options]:
                 self.bandwidth.options = [*self.bandwidth.options,
-                                          (describe_rate(config.bandwidth), config.bandwidth)]
-            self.bandwidth.value = config.bandwidth
+                                          (describe_rate(shown), shown)]
+            self.bandwidth.value = shown
 
     def widgets(self) -> list[w.Widget]:
         """One closed section under the others."""

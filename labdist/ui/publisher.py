@@ -321,8 +321,10 @@ class Publisher:
         lab = self.lab
         state = (f"<span style='color:#b00'><b>diverged at step {lab.divergence.step}</b>"
                  "</span>" if lab.state == "diverged" and lab.divergence else lab.state)
-        parts = [f"<b>step {lab.step_count}</b>", state,
-                 f"{lab.steps_per_second():.0f} steps/s", lab.config.describe()]
+        parts = [f"<b>step {lab.step_count}</b>", state]
+        if lab.state == "running":  # idle, paused or diverged: no rate (it would be stale)
+            parts.append(f"{lab.steps_per_second():.0f} steps/s")
+        parts.append(lab.config.describe())
         if self._last_delay is not None:
             parts.append(f"last change applied {self._last_delay * 1e3:.0f} ms after request")
         if self.controls.error:

@@ -156,7 +156,8 @@ def test_the_network_controls_set_the_link_and_the_timeline_marks_the_switch(str
         lab.step(2)
         settle()
         assert lab.config.network is None and links(strategy) == [None, None]
-        assert (net.latency.value, net.bandwidth.value) == (0.0, None)
+        assert (net.latency.value, net.bandwidth.value) == (0.0, 0.0)
+        assert net.bandwidth.label == "unlimited"  # shown, never a blank box
         chart = panel.charts["timeline"]
         chart.refresh(strategy.client, seconds=30)
         marks = [label for _, label in chart.window["marks"]]

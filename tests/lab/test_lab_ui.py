@@ -344,6 +344,7 @@ def test_a_diverged_run_says_so_on_the_panel(strategy):
         assert "lower the learning rate and reset" in panel.alert.value
         assert "replica " in panel.alert.value and panel.alert.layout.display == ""
         assert f"diverged at step {step}" in panel.status.value
+        assert "steps/s" not in panel.status.value  # a stopped run shows no (stale) rate
         log = panel.log.text
         assert f"step {step}: the run diverged at step {step}: replica" in log
         assert "panel error" not in log
