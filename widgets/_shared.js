@@ -79,7 +79,9 @@ export function axisTitles(area, xLabel, yLabel) {
 export function legend(box, model, swatch) {
   box.replaceChildren();
   const colors = model.get("colors");
+  const hidden = new Set(model.get("hidden") || []); // series with no data yet (a quorum slot)
   model.get("series").forEach((name, i) => {
+    if (hidden.has(name)) return;
     const item = document.createElement("span");
     item.style.cssText = "margin-right:10px;white-space:nowrap";
     const sw = document.createElement("span");

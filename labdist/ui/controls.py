@@ -43,7 +43,7 @@ class Controls:
         self.error: str | None = None
         self.on_error: Callable[[str], None] | None = None  # told each refusal's text
         self._quiet = _Quiet()
-        n = lab.num_replicas
+        n = lab.replica_slots  # quorum: a slider for each replica add_replica may add
         self.kind = _toggle("kind", KIND_OPTIONS, "mirrored or parameter servers", "90px")
         self.synchronization = _toggle("synchronization", ["ON_WRITE", "ON_READ", "NONE"],
                                        "when the copies agree", "90px")
@@ -56,7 +56,8 @@ class Controls:
         self.skew = w.FloatSlider(value=0.0, min=0.0, max=5.0, step=0.1,
                                   description="data skew", style=STYLE, layout=WIDE)
         self.delays = [w.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01,
-                                     description=f"delay {r} (s)", style=STYLE, layout=WIDE,
+                                     description=f"delay {r} (s)", style=STYLE,
+                                     layout=w.Layout(width=WIDE.width),  # hidden one by one
                                      tooltip=f"a straggler: replica / worker {r} waits this "
                                      "long each step")
                        for r in range(n)]
@@ -91,6 +92,13 @@ class Controls:
         self.network = network_controls.Controls(
             lambda **changes: self._safely(lambda: self.lab.set(**changes)), self._quiet)
         self.sync(lab.config)
+        self.show_replicas(lab.num_replicas)
+
+    def show_replicas(self, count: int) -> None:
+        """Show the delay sliders of the `count` replicas there are (quorum: the rest wait,
+        hidden, for replicas added later)."""
+        for r, slider in enumerate(self.delays):
+            slider.layout.display = "" if r < count else "none"
 
     def _bind(self) -> None:
         for name in ("kind", "synchronization", "aggregation", "learning_rate", "skew",

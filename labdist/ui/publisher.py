@@ -56,6 +56,7 @@ class Publisher:
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
         self._captions(lab.config)
+        self.show_replicas()
         if lab.divergence is not None:  # a panel shown after the run diverged says so too
             error = lab.divergence
             self.items.put({"type": "diverged", "step": error.step, "where": error.where,
@@ -178,6 +179,7 @@ class Publisher:
             else:
                 chart.event(item["step"], label)
         if "replicas" in item["changes"]:  # quorum mode: a replica lost or taken in
+            self.show_replicas()
             pause = (item["applied"] - item["requested"]) * 1e3
             self._log(f"{item['text']}  (training paused {pause:.0f} ms)")
             return
@@ -193,6 +195,16 @@ class Publisher:
             self.arrange(self.lab.config)
         if "skew" in item["changes"] and self._plane_index is not None:
             self._surface(force=True)
+
+    def show_replicas(self) -> None:
+        """Legends and delay sliders for the replicas there are now (quorum mode: slots for
+        replicas not there, lost or not yet added, stay out of sight)."""
+        n, slots = self.lab.num_replicas, self.lab.replica_slots
+        missing = [f"replica {r}" for r in range(n, slots)]
+        for chart in self.charts.values():
+            if any(name in chart.series for name in missing):
+                chart.hidden = missing
+        self.controls.show_replicas(n)
 
     def _timeline_loop(self) -> None:
         while not self._stop.wait(TIMELINE_EVERY_S):

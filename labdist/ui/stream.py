@@ -59,6 +59,9 @@ class StreamChart(anywidget.AnyWidget):
     y_label = traitlets.Unicode("").tag(sync=True)
     height = traitlets.Int(190).tag(sync=True)
     caption = traitlets.Unicode("").tag(sync=True)  # one line: what it shows, in this mode
+    series = traitlets.List(traitlets.Unicode()).tag(sync=True)  # what the legend lists
+    # series the legend leaves out: a quorum lab's replica slots with no replica in them
+    hidden = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

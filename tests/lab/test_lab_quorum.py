@@ -126,6 +126,11 @@ def test_the_panel_buttons_kill_and_add_and_the_traces_follow():
         for name, chart in panel.charts.items():
             chart.send = (lambda n: lambda msg, buffers=None: sent[n].append(msg))(name)
         assert lab.replica_slots == 4 and panel.replica_buttons is not None
+        # the legends and delay sliders show the replicas there are, not the empty slots
+        plane = panel.charts["track:theta"]
+        assert plane.hidden == ["replica 2", "replica 3"]
+        shown = [s.layout.display != "none" for s in panel.controls.delays]
+        assert shown == [True, True, False, False]
         lab.run(150)
         wait_for(lambda: lab.step_count >= 10, 60, "the run did not start")
         panel.replica_buttons.rank.value = 1
@@ -154,4 +159,6 @@ def test_the_panel_buttons_kill_and_add_and_the_traces_follow():
         assert traces[1][-1] == traces[0][-1] == float(lab.step_count)  # ... and is back
         assert traces[2][-1] == float(lab.step_count)  # the added one
         assert {v for m in sent["spread"] if m["type"] == "append" for v in m["y"][0]} == {0.0}
+        assert plane.hidden == ["replica 3"]  # the added replica is listed, with its slider
+        assert [s.layout.display != "none" for s in panel.controls.delays] == [True] * 3 + [False]
         panel.close()
