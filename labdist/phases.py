@@ -46,7 +46,12 @@ class Recorder:
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self.spans: deque[tuple[str, float, float, int, dict | None]] = deque(maxlen=capacity)
-        self.steps = 0  # steps recorded since the process started (the ring drops old ones)
+        # training steps taken here since the process started (the ring drops old spans):
+        # a run counts the batches its training loop reported (`trained`), else its
+        # `steps`; `runs` counts the step functions themselves (a fit epoch can be one run)
+        self.steps = 0
+        self.runs = 0
+        self._trained: dict[int, int] = {}  # thread -> training steps reported in its run
         self.collective_bytes = 0  # array bytes this process sent in collectives
         self.histograms: dict[str, list] = {}  # phase -> [count per BUCKETS bucket..., sum]
         self._covered: dict[int, float] = {}  # thread -> seconds of phases in its open step
@@ -61,7 +66,7 @@ class Recorder:
         seconds = end - start
         with self._lock:
             if name == STEP:
-                self.steps += 1
+                self.runs += 1
                 name, seconds = "compute", max(seconds - self._covered.pop(tid, 0.0), 0.0)
             else:
                 self._covered[tid] = self._covered.get(tid, 0.0) + seconds
@@ -81,8 +86,24 @@ class Recorder:
     def add(self, name: str, start: float, end: float, args: dict | None = None) -> None:
         self._record(name, start, end, threading.get_ident(), args)
 
-    def step(self, start: float, end: float, args: dict | None = None) -> None:
-        self._record(STEP, start, end, threading.get_ident(), args)
+    def step(self, start: float, end: float, args: dict | None = None, steps: int = 1
+             ) -> None:
+        """A run of a step function ended: `steps` training steps, unless its loop reported
+        how many batches it trained (`trained`)."""
+        if not self.enabled:
+            return
+        tid = threading.get_ident()
+        self._record(STEP, start, end, tid, args)
+        with self._lock:
+            trained = self._trained.pop(tid, None)
+            self.steps += steps if trained is None else trained
+
+    def trained(self, batches: int) -> None:
+        """A training loop inside the current run took `batches` optimizer steps (0: the run
+        is labdist's own probe, not a training step)."""
+        tid = threading.get_ident()
+        with self._lock:
+            self._trained[tid] = self._trained.get(tid, 0) + batches
 
     def span(self, name: str, args: dict | None = None) -> _Span:
         """`with RECORDER.span("input"):` records the body as one span of `name`."""

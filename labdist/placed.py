@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from labdist import phases
+
 SHM_DIR = "/dev/shm"
 PREFIX = "labdist-input-"
 ENV = "LABDIST_PLACE_INPUT"
@@ -230,6 +232,7 @@ def _map(path: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
 def readable(probes: list[tuple[tuple, str]]) -> bool:
     """Whether this process reads every placed file (and its first bytes match): run on each
     replica before placement is relied on."""
+    phases.RECORDER.trained(0)  # labdist's own probe: no training step (labdist_steps_total)
     for source, first in probes:
         if source[0] == DASK:
             if _scattered(source) is None:

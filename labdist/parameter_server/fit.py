@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from labdist import phases
 from labdist.devices import NUMPY
 from labdist.input import shard_bounds
 from labdist.parameter_server.coordinator import ClusterCoordinator
@@ -170,6 +171,7 @@ def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
 
 
 def _async_steps(step, batches, first_iteration):
+    phases.RECORDER.trained(len(batches))  # labdist_steps_total counts optimizer steps
     ctx = current()
     out = []
     for j, (x, y) in enumerate(batches):
@@ -179,6 +181,7 @@ def _async_steps(step, batches, first_iteration):
 
 
 def _sync_steps(step, shards, global_steps, iterations, shard):
+    phases.RECORDER.trained(len(shards))
     ctx = current()
     return [_step(ctx, step, x, y, shard, it, global_step=s, key=("fit", shard))
             for (x, y), s, it in zip(shards, global_steps, iterations, strict=True)]

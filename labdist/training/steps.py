@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import phases
 from labdist.enums import ReduceOp
 from labdist.training import diloco, losses, overlap
 from labdist.training.epoch_plan import EpochPlan
@@ -208,6 +209,7 @@ class _Loop:
             history[row] = self.stats
         if state is not None:
             state.save()
+        phases.RECORDER.trained(len(totals))  # labdist_steps_total counts optimizer steps
         if local:
             if self.extra:
                 history[-1, width] = float(stop())

@@ -28,8 +28,10 @@ class LabdistCollector:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         rec = phases.RECORDER
-        yield CounterMetricFamily("labdist_steps", "Steps run by replicas and PS workers here",
-                                  value=rec.steps)
+        yield CounterMetricFamily("labdist_steps", "Training steps taken here: batches a fit "
+                                  "loop trained, else a run's steps", value=rec.steps)
+        yield CounterMetricFamily("labdist_runs", "Step functions run here (strategy.run, a "
+                                  "scheduled function, a fit dispatch)", value=rec.runs)
         hist = HistogramMetricFamily("labdist_phase_seconds",
                                      "Seconds spent per phase of a step", labels=["phase"])
         for name, h in sorted(rec.histogram_copies().items()):

@@ -204,7 +204,7 @@ class ReplicaCore:
             event = StepEvent("error", ctx._seq, error=step_error(e, f"replica {self.rank}"),
                               warnings=ctx.warnings, remote_traceback=traceback.format_exc())
         stop = time.time()
-        phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id})
+        phases.RECORDER.step(start, stop, {"rank": self.rank, "run": run_id}, steps or 1)
         if self.steps is not None:
             self.steps.record(start, stop, ctx._seq)
         return event

@@ -43,6 +43,7 @@ def test_replica_metrics_grow_with_steps(mirrored2):
         grew += 1
         was = before[address]
         assert after[("labdist_steps_total", ())] - was[("labdist_steps_total", ())] == 5
+        assert after[("labdist_runs_total", ())] - was[("labdist_runs_total", ())] == 5
         comm = ("labdist_phase_seconds_count", (("phase", "comm"),))
         assert after[comm] - was.get(comm, 0) >= 5
         assert after[("labdist_phase_seconds_sum", (("phase", "compute"),))] > 0
@@ -50,6 +51,36 @@ def test_replica_metrics_grow_with_steps(mirrored2):
         assert after[sent] - was[sent] >= 5 * 100 * 8
         inf = ("labdist_phase_seconds_bucket", (("le", "+Inf"), ("phase", "comm")))
         assert after[inf] == after[comm]  # a well-formed histogram
+    assert grew == 2
+
+
+@pytest.mark.timeout(120)
+def test_steps_count_optimizer_steps_of_fit_and_of_runs_of_k_steps(mirrored2):
+    """A fit epoch on the replicas can be one dispatch: steps_total counts its batches (the
+    optimizer steps each replica took), runs_total the dispatches (issue 38: a fit of 69
+    steps counted +4)."""
+    with mirrored2.scope():
+        model = ld.models.Sequential([ld.layers.Dense(4, input_shape=(3,))], seed=0)
+        model.compile(loss="mse", optimizer="sgd")
+    x = np.random.default_rng(0).normal(size=(320, 3)).astype(np.float32)
+    y = np.zeros((320, 4), np.float32)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)  # warm
+    where = ports(mirrored2.client)
+    before = {a: scrape(p) for a, p in where.items()}
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0)  # 20 optimizer steps
+    data = mirrored2.experimental_distribute_dataset(ld.batches((x, y), 64))
+    iterator = iter(data)
+    mirrored2.run(lambda bx, by: float(bx.sum()), args=next(iterator))  # 1 step, 1 run
+    grew = 0
+    for address, port in where.items():
+        after = scrape(port)
+        if ("labdist_steps_total", ()) not in after:
+            continue
+        grew += 1
+        steps = after[("labdist_steps_total", ())] - before[address][("labdist_steps_total", ())]
+        runs = after[("labdist_runs_total", ())] - before[address][("labdist_runs_total", ())]
+        assert steps == 21, (steps, runs)
+        assert 1 < runs < 21  # fit sends its epochs in few dispatches
     assert grew == 2
 
 
