@@ -126,8 +126,13 @@ function draw(el, canvas, model, s) {
     ctx.beginPath(); ctx.moveTo(x, pad.t); ctx.lineTo(x, pad.t + h); ctx.stroke();
     const label = tickFmt(v, xStep);
     s.xTickLabels.push(label);
-    ctx.fillText(label, x, pad.t + h + 4);
+    // a label at the right edge would be cut by the canvas ("25,80" for 25,800): end it there
+    const half = ctx.measureText(label).width / 2;
+    const right = pad.l + w + pad.r;
+    ctx.textAlign = x + half > right ? "right" : "center";
+    ctx.fillText(label, x + half > right ? right : x, pad.t + h + 4);
   }
+  ctx.textAlign = "center";
   ctx.strokeStyle = "#888";
   ctx.strokeRect(pad.l, pad.t, w, h);
   axisTitles(area, model.get("x_label"), model.get("y_label") + (logY ? " (log)" : ""));

@@ -1,7 +1,7 @@
 // labdist TimelineChart: one lane per replica / PS worker / parameter server, the last steps
 // as bars coloured by phase (x: ms before the latest span), the mode switches as dashed lines,
 // hover for a bar's phase and duration. Each kernel "snapshot" replaces the window.
-import { axisTitles, fitCanvas, legend, mountChart, niceStep } from "./_shared.js";
+import { axisTitles, fitCanvas, legend, mountChart, niceStep, tickFmt } from "./_shared.js";
 
 function apply(s, msg) {
   if (msg.type === "snapshot") {
@@ -64,8 +64,13 @@ function draw(el, canvas, model, s) {
   ctx.fillStyle = "#444";
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  const step = niceStep(span, Math.max(2, Math.floor(w / 80)));
-  for (let v = 0; v <= span; v += step) ctx.fillText(String(Math.round(v)), x(-v), pad.t + h + 4);
+  if (s.bars.length) { // an empty chart has no time axis to label (it read "1 1 1 0 0 0")
+    const step = niceStep(span, Math.max(2, Math.floor(w / 80)));
+    for (let k = 0; k * step <= span; k++) ctx.fillText(tickFmt(k * step, step), x(-k * step), pad.t + h + 4);
+  } else {
+    ctx.textBaseline = "middle";
+    ctx.fillText("no steps recorded yet", pad.l + w / 2, pad.t + h / 2);
+  }
   ctx.strokeStyle = "#888";
   ctx.strokeRect(pad.l, pad.t, w, h);
   axisTitles(area, model.get("x_label"), "");
