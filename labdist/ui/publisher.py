@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import queue
+import re
 import threading
 import time
 from collections import Counter
@@ -341,7 +342,12 @@ class Publisher:
             parts.append(f"last change applied {self._last_delay * 1e3:.0f} ms after request")
         if self.controls.error:
             parts.append(f"<span style='color:#b00'>{self.controls.error}</span>")
-        text = " · ".join(parts)
+        line = " · ".join(parts)
+        # one line, whatever its length: a wrapped status would push every chart down as it
+        # changes; what does not fit is cut with "…", the whole line on hover
+        plain = html.escape(re.sub(r"<[^>]+>", "", line), quote=True)
+        text = (f"<div style='white-space:nowrap;overflow:hidden;text-overflow:ellipsis' "
+                f"title=\"{plain}\">{line}</div>")
         if self.status.value != text:
             self.status.value = text
 
