@@ -58,15 +58,17 @@ class Recorder:
         self._lock = threading.Lock()
         self.enabled = True  # off only to measure what recording costs (bench/bench_time.py)
 
-    def _record(self, name: str, start: float, end: float, tid: int, args: dict | None
-                ) -> None:
+    def _record(self, name: str, start: float, end: float, tid: int, args: dict | None,
+                steps: int = 1) -> None:
         if not self.enabled:
             return
         self.spans.append((name, start, end, tid, args))
         seconds = end - start
         with self._lock:
-            if name == STEP:
+            if name == STEP:  # a run ended: its training steps (see `step`)
                 self.runs += 1
+                trained = self._trained.pop(tid, None)
+                self.steps += steps if trained is None else trained
                 name, seconds = "compute", max(seconds - self._covered.pop(tid, 0.0), 0.0)
             else:
                 self._covered[tid] = self._covered.get(tid, 0.0) + seconds
@@ -90,13 +92,7 @@ class Recorder:
              ) -> None:
         """A run of a step function ended: `steps` training steps, unless its loop reported
         how many batches it trained (`trained`)."""
-        if not self.enabled:
-            return
-        tid = threading.get_ident()
-        self._record(STEP, start, end, tid, args)
-        with self._lock:
-            trained = self._trained.pop(tid, None)
-            self.steps += steps if trained is None else trained
+        self._record(STEP, start, end, threading.get_ident(), args, steps)
 
     def trained(self, batches: int) -> None:
         """A training loop inside the current run took `batches` optimizer steps (0: the run
