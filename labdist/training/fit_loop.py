@@ -216,11 +216,17 @@ class _Watch:
                 self.bar.update(live[3], self.model._running_logs(live[0], live[1], live[2]))
 
 
-def _await_end(board: Board, patience: float = 5.0) -> None:
+def _await_end(board: Board, patience: float = 5.0, start_within: float = 1.0) -> None:
     """After the driver was interrupted: wait (a little) for the replicas to end their span
-    at the group boundary they agreed on, so that the next call finds them done."""
-    deadline = time.monotonic() + patience
+    at the group boundary they agreed on, so that the next call finds them done. A span
+    replica 0 has not begun within `start_within` was most likely never sent (■ came while
+    the driver prepared it): no wait; were it sent after all, the board it opens reads as a
+    stop request once removed, and the next call's settle collects its answer."""
+    began = time.monotonic()
+    deadline = began + patience
     while not board.ended() and time.monotonic() < deadline:
+        if not board.started() and time.monotonic() - began > start_within:
+            return
         time.sleep(0.005)
 
 

@@ -5,8 +5,8 @@ replica 0 writes each group's figures as the group ends. Nobody waits on it: the
 the stop request once a group and the driver polls the figures, so neither side's pace sets
 the other's. Only used where the replicas read the driver's /dev/shm (placed input).
 
-Layout, float64: [stop, groups written, ended, then one row per group: loss sum, metric
-sums..., samples, steps].
+Layout, float64: [stop, groups written, ended, started, then one row per group: loss sum,
+metric sums..., samples, steps].
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from labdist import placed
 from labdist.collectives.transports import shm_janitor
 
 PREFIX = "labdist-board-"
-HEAD = 3  # stop, groups written, ended
+HEAD = 4  # stop, groups written, ended, started
 
 
 def _mapped(path: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
@@ -61,6 +61,11 @@ class Board:
         """Whether replica 0 ended the span (its last group and collective done)."""
         return bool(self._a[2])
 
+    def started(self) -> bool:
+        """Whether replica 0 began the span: a driver interrupted before it sent the span
+        (■ while it prepared it) has nothing to wait for."""
+        return bool(self._a[3])
+
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Groups [start, stop)'s rows (a copy), each written before the count said so."""
         return self._a[HEAD + start * self.width:HEAD + stop * self.width].reshape(
@@ -90,6 +95,9 @@ class ReplicaBoard:
             self._mm, self._a = _mapped(path, size)
         except (OSError, ValueError):
             self.gone = True
+            return
+        if writer:
+            self._a[3] = 1.0  # replica 0 began the span
 
     def stop_requested(self) -> bool:
         if self._a is None:

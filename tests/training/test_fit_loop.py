@@ -16,6 +16,7 @@ import pytest
 
 import labdist as ld
 from labdist import placed
+from labdist.training.epoch_plan import EpochPlan
 from labdist.training.fit_loop import implements_batch_hooks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Faulty runs on the workers
@@ -240,3 +241,31 @@ def test_an_interrupted_fit_stops_the_replicas_after_one_more_group(monkeypatch,
         last = now
     assert now[0::2] == now[1::2]  # both stopped after the same group
     assert m._iterations < 30000
+
+
+def test_an_interrupt_before_the_span_is_sent_is_answered_at_once(monkeypatch, mirrored2):
+    """■ while the driver still prepares a span (nothing sent yet): the replicas never begin
+    it, so the driver has nothing to wait for (it waited its whole 5 s patience for a span
+    that never began); the next call trains as usual."""
+    monkeypatch.setenv(placed.ENV, "1")
+    x, y = data(600, seed=3)
+    m = model(mirrored2, spe=2, optimizer=ld.optimizers.SGD(0.05))
+    m.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    run = mirrored2.run
+
+    def interrupted(fn, args=(), kwargs=None):  # ■ lands before the span's request goes out
+        if any(isinstance(a, EpochPlan) for a in args):
+            raise KeyboardInterrupt
+        return run(fn, args=args, kwargs=kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mirrored2, "run", interrupted)
+        began = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            m.fit(x, y, batch_size=20, epochs=1, verbose=0)
+        waited = time.perf_counter() - began
+    assert waited < 3.0, f"the driver waited {waited:.1f} s for a span never sent"
+    h = m.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    assert np.isfinite(h.history["loss"][-1])
+    copies = [[a.tobytes() for a in mirrored2.experimental_local_results(v)] for v in m.weights]
+    assert all(c[0] == c[1] for c in copies)

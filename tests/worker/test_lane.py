@@ -326,12 +326,19 @@ def test_a_step_over_the_lane_wakes_only_the_step_thread(mirrored2):
 
     strategy.run(step)
     before = client.run(_switches)
+    began = time.perf_counter()
     for _ in range(runs):
         strategy.run(step)
+    took = time.perf_counter() - began
     after = client.run(_switches)
+    time.sleep(took)  # the event loop's own wake-ups (heartbeats, timers) over as long, idle
+    idle = client.run(_switches)
     for worker, old in before.items():
         woke = {name: after[worker][name] - n for name, n in old.items()}
+        alone = idle[worker]["loop"] - after[worker]["loop"]
         stepper = next(name for name in woke if name.startswith("labdist-replica-"))
         assert woke[stepper] >= runs // 2, woke  # it sleeps between runs (mostly)
         assert woke["labdist-lane"] <= 5, woke
-        assert woke["loop"] < runs // 2, woke
+        # the runs add fewer than one wake-up in two to what the loop does on its own (a
+        # busy machine stretches the runs, and the loop's timers fire more in the meantime)
+        assert woke["loop"] - alone < runs // 2, (woke, {"loop idle as long": alone})

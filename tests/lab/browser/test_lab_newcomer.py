@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from harness import OUTPUT, open_lab
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine")]
 
@@ -77,6 +78,25 @@ def _events(page) -> int:
     return page.evaluate("() => document.querySelector('.labdist-spread').labdist.events.length")
 
 
+def _hovered(page, tries: int = 8) -> bool:
+    """Point at a label and wait for the canvas's tooltip to name it. The run still trains,
+    so the chart may scroll the label away between finding it and pointing at it: then
+    find it again and point again, as a person does."""
+    for _ in range(tries):
+        target = page.evaluate(HOVER)
+        assert target is not None  # ten switches: labels are drawn
+        page.mouse.move(0, 0)
+        page.mouse.move(target["x"], target["y"])
+        try:
+            page.wait_for_function(
+                "(label) => document.querySelector('.labdist-spread canvas').title"
+                ".includes(label)", arg=target["label"], timeout=1_000)
+            return True
+        except PlaywrightTimeout:
+            continue
+    return False
+
+
 def _caption(page, chart: str) -> str:
     return page.locator(f".labdist-{chart} .labdist-caption").inner_text()
 
@@ -130,12 +150,7 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
         assert page.evaluate(OVERLAPS) == []
         # a label (shortened where the switches crowd) shows its full text on hover
         page.locator(".labdist-spread").scroll_into_view_if_needed()
-        target = page.evaluate(HOVER)
-        assert target is not None  # ten switches: labels are drawn
-        page.mouse.move(target["x"], target["y"])
-        page.wait_for_function(
-            "(label) => document.querySelector('.labdist-spread canvas').title"
-            ".includes(label)", arg=target["label"], timeout=5_000)
+        assert _hovered(page), "no label showed its full text under the pointer"
         (OUTPUT / "lab-newcomer-labels.json").write_text(json.dumps(page.evaluate(
             "() => [...document.querySelectorAll('.labdist-chart')].map(el =>"
             " [el.dataset.title, el.labdist.labels || []])"), indent=1))
