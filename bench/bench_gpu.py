@@ -26,7 +26,7 @@ import labdist as ld
 from labdist.devices import get_backend, gpu_count
 from labdist.devices.strict import cuda as strict_cuda
 from labdist.training import layers, losses, optimizers
-from labdist.training.steps import DeviceRNG, gradients
+from labdist.training.trainer.steps import DeviceRNG, gradients
 
 SIZES = [2**k for k in range(10, 29, 2)]  # bytes: 1 KiB .. 256 MiB, as nccl-tests -b/-e/-f 4
 FEATURES, CLASSES, BATCH = 256, 10, 1024

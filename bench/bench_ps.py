@@ -7,7 +7,7 @@ layers and optimizer in single-process numpy, measured in the same run.
 Run: `python bench/bench_ps.py [--quick] [--transport auto|tcp|both] [--only TEXT] [--ops]`.
 
 `--transport both` runs every configuration over Dask comms ("tcp") and over the same-host
-shared-memory path ("auto", worker/ps/shm_client.py) in the same round, paired; `--only`
+shared-memory path ("auto", parameter_server/shm_client.py) in the same round, paired; `--only`
 keeps the configurations whose label contains TEXT; `--ops` first times one pull and one push
 of the MLP's variables (1.6 MB, float32) from a scheduled function, per transport (medians of
 300, ms). On a tree without the `transport` knob only "tcp" (its one path) runs.

@@ -203,7 +203,7 @@ def scenario(cluster: Cluster, kind: str, epoch_s: float, data) -> dict:
 def snapshot_ms(hidden: int, features: int) -> float:
     """What quorum mode adds to every run on each replica: UndoLog.keep of the model's
     weights and Adam's two slots (median of 200, in this process)."""
-    from labdist.worker.undo import UndoLog
+    from labdist.quorum.undo import UndoLog
 
     shapes = [(features, hidden), (hidden,), (hidden, 10), (10,)]
     values = {i: np.ones(shape, np.float32) for i, shape in enumerate(shapes * 3)}

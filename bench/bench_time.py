@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import labdist as ld
-from labdist import phases
+from labdist.timing import phases
 
 BATCH, STEPS_PER_EPOCH = 32, 40
 ROWS = BATCH * STEPS_PER_EPOCH

@@ -1,7 +1,6 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
-from labdist import datasets, lab
-from labdist.cluster.trace import profile
+from labdist import lab
 from labdist.collectives import compression
 from labdist.context import (
     get_replica_context,
@@ -9,6 +8,9 @@ from labdist.context import (
     has_strategy,
     in_cross_replica_context,
 )
+from labdist.data import datasets
+from labdist.data.distributed import InputContext, batches
+from labdist.data.pipelines import InputOptions
 from labdist.devices import to_host
 from labdist.enums import (
     InputReplicationMode,
@@ -30,11 +32,10 @@ from labdist.errors import (
     ReplicaUnresponsiveError,
     SaveError,
 )
-from labdist.input import InputContext, batches
-from labdist.input_pipelines import InputOptions
 from labdist.lab import Lab
 from labdist.network import NetworkModel
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
+from labdist.replica.replica_context import ReplicaContext
 from labdist.strategies import (
     MembershipChange,
     MirroredStrategy,
@@ -42,12 +43,12 @@ from labdist.strategies import (
     OneDeviceStrategy,
     Strategy,
 )
+from labdist.timing.trace import profile
 from labdist.training import callbacks, layers, losses, optimizers
 from labdist.training import checkpoint as train
 from labdist.training import model as models
 from labdist.values import PerReplica, ValueContext
 from labdist.variables import Variable
-from labdist.worker.context import ReplicaContext
 
 __version__ = "0.1.0"
 

@@ -9,8 +9,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from labdist.worker import context as worker_context
-from labdist.worker.context import ReplicaContext
+from labdist.replica import replica_context as worker_context
+from labdist.replica.replica_context import ReplicaContext
 
 # A strategies.base.Strategy. Named, not imported: the strategies import this module, and
 # this one only keeps them (a registry and a scope stack), never calls into their classes.

@@ -19,7 +19,7 @@ from labdist import aggregation as table
 from labdist import checks, context, shipping
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
-from labdist.worker import context as worker_context
+from labdist.replica import replica_context as worker_context
 
 Sync = VariableSynchronization
 Agg = VariableAggregation

@@ -9,9 +9,9 @@ from typing import Any
 
 from distributed import Client, Future
 
-from labdist.cluster.dashboard import proxied_link, show_replica_steps
 from labdist.cluster.local import connect, start_local_cluster
 from labdist.errors import ClusterConnectionError
+from labdist.timing.dashboard import proxied_link, show_replica_steps
 
 
 class ActorGroup:

@@ -15,9 +15,9 @@ from distributed import Client, LocalCluster, Security
 from labdist import interrupts
 from labdist.cluster import capacity, reaper, threads
 from labdist.cluster.probe import probe_scheduler
-from labdist.collectives.transports import shm_wake
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
+from labdist.shm import doorbell as shm_wake
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
 MALLOC_TRIM = 1 << 30  # bytes free at the top of a heap before glibc hands them back

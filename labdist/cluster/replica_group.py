@@ -10,22 +10,22 @@ import uuid
 from typing import Any
 
 from labdist import shipping
+from labdist import actor_call as remote
 from labdist.cluster.actor_group import ActorGroup
-from labdist.cluster.lane import LaneStepChannel, connect_lanes
+from labdist.cluster.lane_channel import LaneStepChannel, connect_lanes
 from labdist.cluster.sent_functions import SentFunctions
 from labdist.cluster.step_channel import LATE_MARGIN_S, ActorStepChannel, StepChannel
 from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.devices import pinning_backend
 from labdist.errors import LabdistError, ReplicaLostError, ReplicaUnresponsiveError
-from labdist.worker import actor_call as remote
-from labdist.worker.replica import Replica, StepEvent
+from labdist.replica.actor import Replica, StepEvent
 
 
 class DaskReplicaGroup(ActorGroup):
     """One Replica actor per worker: the replica-group protocol of strategies/base.py."""
 
-    remote_input = True  # input pipelines may move to the replicas (strategies/inputs.py)
+    remote_input = True  # input pipelines may move to the replicas (data/feeds.py)
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
                  collective_timeout: float, connect_timeout: float, security: Any = None,
@@ -122,7 +122,7 @@ class DaskReplicaGroup(ActorGroup):
         return [r for r, ok in enumerate(reached) if not ok]
 
     def _step_channel(self, transport: str, timeout: float) -> StepChannel:
-        """Steps over the fast lane (cluster/lane.py), unless told to use Dask comms only or
+        """Steps over the fast lane (cluster/lane_channel.py), unless told to use Dask comms only or
         the cluster uses TLS; any failure to connect falls back to actor calls."""
         collective_timeout = self._settings[1]
         if transport != "tcp":
@@ -290,7 +290,7 @@ class DaskReplicaGroup(ActorGroup):
         None if that fails (a worker gone, no room). One scatter per worker, so each copy is
         a key of its own: the scheduler's memory manager drops extra replicas of one key
         (nothing waits on them), which a broadcast scatter would make."""
-        from labdist.placed import ScatteredArray
+        from labdist.shm.placed import ScatteredArray
 
         try:
             per_worker = [self.client.scatter(list(arrays), workers=[w], hash=False)

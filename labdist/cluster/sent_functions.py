@@ -4,7 +4,7 @@ The driver pickles a function only when something it holds may have changed
 (`shipping.PickledFunctions`); each pickle is named by a digest of its bytes. A replica is
 sent (key, bytes) until it has answered a call that ran that function, then (key, None); any
 error from it makes the driver send the bytes again (a replica keeps the function it has).
-The driver keeps the last LIMIT keys and tells replicas which ones to drop (worker/loaded.py).
+The driver keeps the last LIMIT keys and tells replicas which ones to drop (replica/loaded.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The step protocol between the driver and its replicas, written once: send a step (or a
 resume) to some ranks, gather each one's next StepEvent, and notice replicas that are lost or
 late. Two transports carry the requests and events: actor calls through Dask
-(`ActorStepChannel`, here) and the direct socket lane (`LaneStepChannel`, cluster/lane.py)."""
+(`ActorStepChannel`, here) and the direct socket lane (`LaneStepChannel`, cluster/lane_channel.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pickle
 import time
 from typing import Any, Protocol
 
-from labdist import interrupts, phases
+from labdist import interrupts
 from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError
-from labdist.worker.replica import StepEvent
+from labdist.replica.actor import StepEvent
+from labdist.timing import phases
 
 # A replica still running this long after a peer finished is told about it, so a replica
 # waiting for a collective its peer will never make fails now instead of at the timeout.

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from labdist.data.distributed import shard_bounds
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
-from labdist.input import shard_bounds
-from labdist.lab import communication_modes, steps
+from labdist.lab import communication_engine as communication_modes
+from labdist.lab import replica_steps as steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
-from labdist.strategies.quorum import MembershipChange
+from labdist.quorum.fit import MembershipChange
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -152,7 +153,7 @@ class MirroredEngine:
                     waits, average)
 
         fn = steps.communicating_step if communicating else steps.mirrored_step
-        if self.quorum:  # one transaction over the replicas alive (strategies/quorum.py)
+        if self.quorum:  # one transaction over the replicas alive (quorum/fit.py)
             columns = list(zip(*self.strategy.run_transaction(fn, args_for, step - 1),
                                strict=True))
         else:

@@ -335,7 +335,7 @@ def _data(data: Any, model: LabModel, seed: int) -> tuple[np.ndarray, np.ndarray
         if not isinstance(model, Linear) or model.n_features != 1:
             raise ValueError(f"data=None works with ld.lab.Linear(1) only; give (x, y) for "
                              f"{model!r}")
-        from labdist.datasets import synthetic
+        from labdist.data.datasets import synthetic
 
         x, y = synthetic.regression(n_samples=512, n_features=1, noise=0.3, seed=seed)
         return x.astype(np.float64), y.astype(np.float64)

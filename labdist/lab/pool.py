@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from labdist.cluster.dashboard import proxied_link
 from labdist.lab.config import Kind, StrategyKey
 from labdist.lab.engines import MirroredEngine
 from labdist.lab.models import LabModel, ParamSpec
+from labdist.timing.dashboard import proxied_link
 
 CHUNKS = 4  # the lab's PS strategies apply the parameter vector in up to this many chunks
 

@@ -25,9 +25,9 @@ from collections import Counter
 
 import numpy as np
 
+from labdist.data.distributed import shard_bounds
 from labdist.enums import VariableAggregation
-from labdist.input import shard_bounds
-from labdist.lab import steps
+from labdist.lab import replica_steps as steps
 from labdist.lab.config import Kind, RunConfig
 from labdist.lab.engines import StepRecord
 from labdist.lab.models import LabModel, ParamSpec

@@ -32,15 +32,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from labdist import nest, shipping
-from labdist.cluster.ps_group import ParameterServerGroup
+from labdist import actor_call as remote
 from labdist.errors import ReplicaLostError
+from labdist.parameter_server.group import ParameterServerGroup
+from labdist.parameter_server.outcome import Ending, Outcome
 from labdist.parameter_server.remote_values import (
     PerWorkerDataset,
     RemoteValue,
     ScheduledFunction,
 )
-from labdist.worker import actor_call as remote
-from labdist.worker.ps.outcome import Ending, Outcome
 
 POLL_S = 0.25  # how often a waiting dispatcher checks for lost parameter servers / workers
 PIPELINE_DEPTH = 2  # async fit: functions a worker holds (one runs, the next waits there)

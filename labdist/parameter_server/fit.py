@@ -22,11 +22,11 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from labdist import phases
+from labdist.data.distributed import shard_bounds
 from labdist.devices import NUMPY
-from labdist.input import shard_bounds
 from labdist.parameter_server.coordinator import ClusterCoordinator
-from labdist.worker.context import current
+from labdist.replica.replica_context import current
+from labdist.timing import phases
 
 # fit ended early: how long it waits for the functions already running (■ answers in 1 s)
 GRACE_S = 0.8

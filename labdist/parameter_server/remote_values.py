@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labdist import checks
-from labdist.worker.ps.worker import PerWorkerIterator
+from labdist.parameter_server.worker import PerWorkerIterator
 
 POLL_S = 0.25  # how often a waiting fetch checks whether its step can never fill (sync)
 

@@ -28,7 +28,7 @@ class ParameterServerStats:
     interleaved_updates: int  # updates that began while another update of the variable ran
     # updates overwritten by a write that never saw them, wholly or on some chunks: an assign
     # computed from an older read, or (without use_locking) two updates holding one chunk at
-    # once (worker/ps/chunked.py). Per worker: whose updates were lost (driver writes: none)
+    # once (parameter_server/chunked.py). Per worker: whose updates were lost (driver writes: none)
     lost_updates: int
     lost_per_worker: dict[int, int]
     dropped_stale: int  # sync: late (backup) gradients dropped

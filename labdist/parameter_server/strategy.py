@@ -14,18 +14,18 @@ from typing import Any
 
 from labdist import checks
 from labdist.cluster import capacity
-from labdist.cluster.ps_group import ParameterServerGroup
-from labdist.parameter_server.compression import PushCompressionModes
 from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
 from labdist.parameter_server.fit import train_model_steps
+from labdist.parameter_server.group import ParameterServerGroup
+from labdist.parameter_server.push_compression import PushCompressionModes
 from labdist.parameter_server.stats import ParameterServerStats
+from labdist.parameter_server.worker_context import WorkerStrategy
+from labdist.replica import replica_context as worker_context
 from labdist.strategies.base import Strategy
 from labdist.variables import Variable
-from labdist.worker import context as worker_context
-from labdist.worker.ps.worker_context import WorkerStrategy
 
 MODES = ("async", "sync")
-TRANSPORTS = ("auto", "tcp")  # how workers reach parameter servers (worker/ps/shm_client.py)
+TRANSPORTS = ("auto", "tcp")  # how workers reach parameter servers (parameter_server/shm_client.py)
 
 
 def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | None:
@@ -66,7 +66,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         over Dask comms) or "tcp" (Dask comms only). What a call means is the same either way.
     compression: the compressor of every worker's pushes ('none', 'fp16', 'bf16',
         `ld.compression.TopK(ratio)`, `PowerSGD(rank)`), error feedback per worker; settable
-        later as `strategy.compression` (parameter_server/compression.py).
+        later as `strategy.compression` (parameter_server/push_compression.py).
     """
 
     def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,

@@ -19,26 +19,28 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context, nest, phases, shipping
+from labdist import context, nest, shipping
 from labdist.cluster.reaper import Lifetime
-from labdist.cluster.trace import profile
+from labdist.data.dataset_placement import DatasetPlacement
+from labdist.data.distributed import DistributedDataset, InputContext, shard_bounds
+from labdist.data.feeds import Inputs
+from labdist.data.pipelines import DatasetsFromFunction, InputOptions
 from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     ReplicaLostError,
 )
-from labdist.input import DistributedDataset, InputContext, shard_bounds
-from labdist.input_pipelines import DatasetsFromFunction, InputOptions
-from labdist.strategies import failures, quorum, regroup
-from labdist.strategies.dataset_placement import DatasetPlacement
+from labdist.quorum import fit as quorum
+from labdist.quorum.fit import Quorum
+from labdist.quorum.methods import QuorumMethods
+from labdist.replica import replica_context as worker_context
+from labdist.replica.captured_strategy import CapturedStrategy, cross_replica_error
+from labdist.strategies import failures, regroup
 from labdist.strategies.extended import StrategyExtended
-from labdist.strategies.inputs import Inputs
-from labdist.strategies.quorum import Quorum
-from labdist.strategies.quorum_methods import QuorumMethods
 from labdist.strategies.reduce import reduce_value
+from labdist.timing import phases
+from labdist.timing.trace import profile
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
-from labdist.worker import context as worker_context
-from labdist.worker.captured_strategy import CapturedStrategy, cross_replica_error
 
 
 class Strategy(QuorumMethods):
@@ -66,7 +68,7 @@ class Strategy(QuorumMethods):
         self._running = False  # a run is in progress (on the thread holding the lock)
         self.extended = StrategyExtended(self)
         self._inputs = Inputs(self, getattr(group, "remote_input", False))
-        self._quorum: Quorum | None = None  # fault_tolerance="quorum" (strategies/quorum.py)
+        self._quorum: Quorum | None = None  # fault_tolerance="quorum" (quorum/fit.py)
         context.register(self)
 
     # -- basics -----------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ class Strategy(QuorumMethods):
         (loss sum, metric sums, samples). `model.fit` calls this where the replicas cannot run
         the loop themselves (`train_model_plan`); strategies differ in where the step runs.
         Here: one `run` per group, every replica on its shard of each batch (in quorum mode,
-        each group a transaction over the replicas alive: strategies/quorum.py)."""
+        each group a transaction over the replicas alive: quorum/fit.py)."""
         if self._quorum is not None:
             yield from quorum.train(self, self._quorum, step, groups, first_iteration)
             return

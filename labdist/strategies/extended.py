@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from labdist.replica import replica_context as worker_context
 from labdist.variables import Variable
-from labdist.worker import context as worker_context
 
 if TYPE_CHECKING:
     from labdist.strategies.base import Strategy

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from labdist.data.feeds import uneven_pipelines
 from labdist.errors import (
     CollectiveMismatchError,
     PeerAbortedError,
     ReplicaLostError,
     ReplicaUnresponsiveError,
 )
-from labdist.strategies.inputs import uneven_pipelines
 
 
 def fail(group: Any, run_id: int, events: list, pipelines: bool = False) -> None:

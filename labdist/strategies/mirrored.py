@@ -8,9 +8,9 @@ from labdist import checks
 from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
-from labdist.strategies import quorum
+from labdist.quorum import fit as quorum
 from labdist.strategies.base import Strategy
-from labdist.strategies.communication import CommunicationModes
+from labdist.strategies.communication_modes import CommunicationModes
 
 
 class MirroredStrategy(CommunicationModes, Strategy):

@@ -8,9 +8,9 @@ from typing import Any
 from labdist import context
 from labdist.collectives import Communicator
 from labdist.devices import get_backend
+from labdist.replica.actor import ReplicaCore
+from labdist.replica.replica_context import ReplicaContext
 from labdist.strategies.base import Strategy
-from labdist.worker.context import ReplicaContext
-from labdist.worker.replica import ReplicaCore
 
 
 class LocalReplicaGroup:

@@ -1,3 +1,4 @@
-"""Training building blocks written once against an array module `xp` (numpy or cupy):
-activations, layers, losses and optimizers as small pure functions with hand-written
-gradients. Models, `fit` and the strategy integration build on these (issue 3)."""
+"""Keras-shaped training: `Sequential` models (model.py) of layers (layers.py, activations.py)
+with losses, metrics and optimizers written once against an array module `xp` (numpy or
+cupy); callbacks, progress, checkpoints and saving; `apply_gradients` inside a custom loop
+(custom_loop.py). The distributed trainer that runs them is trainer/."""

@@ -27,7 +27,7 @@ class Callback:
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
         """Before the group of `steps_per_execution` steps that starts at `batch` (of the
         epoch). A callback that overrides a batch hook has `fit` wait for the driver after
-        every group (training/fit_loop.py); without one, the replicas run whole epochs."""
+        every group (training/trainer/fit_loop.py); without one, the replicas run whole epochs."""
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         """After the group that ended with `batch`, with the epoch's running logs (Keras:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from labdist.training import replica_slots
 from labdist.training.checkpoint_files import (
     INDEX,
     CheckpointError,
@@ -21,6 +20,7 @@ from labdist.training.checkpoint_files import (
     writing,
 )
 from labdist.training.restore import CASTING, assign_all, check_arrays, check_meta
+from labdist.training.trainer import replica_slots
 
 __all__ = ["CASTING", "FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write"]
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from labdist import context
 from labdist.enums import VariableSynchronization as Sync
-from labdist.training import diloco
-from labdist.training.steps import apply_summed
-from labdist.worker.context import current
+from labdist.replica.replica_context import current
+from labdist.training.trainer import diloco
+from labdist.training.trainer.steps import apply_summed
 
 WHAT = "optimizer.apply_gradients"
 
@@ -113,7 +113,7 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
         raise RuntimeError(
             "optimizer.apply_gradients runs inside strategy.run, on each replica (it sums the "
             "replicas' gradients); outside a step use model.fit, or v.assign_sub")
-    from labdist.worker.ps.worker_context import WorkerContext
+    from labdist.parameter_server.worker_context import WorkerContext
 
     if isinstance(ctx, WorkerContext):
         raise RuntimeError(

@@ -13,15 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from labdist import checks, context, phases
-from labdist.input import Batches, shard_bounds
-from labdist.training import diloco, fit_checks, losses, optimizers, saving
+from labdist import checks, context
+from labdist.data.distributed import Batches, shard_bounds
+from labdist.data.placed_input import placed_arrays
+from labdist.timing import phases
+from labdist.training import fit_checks, losses, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
-from labdist.training.fit_loop import FitLoop
-from labdist.training.placed_input import placed_arrays
 from labdist.training.progress import ProgressBar, check_verbose
-from labdist.training.steps import TrainStep, forward_step
+from labdist.training.trainer import diloco
+from labdist.training.trainer.fit_loop import FitLoop
+from labdist.training.trainer.steps import TrainStep, forward_step
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -150,7 +152,7 @@ class Sequential:
             lambda change: [_call(cb, "on_membership_change", change) for cb in callbacks])
         try:
             # the driver's part of every step, fit's bookkeeping and callbacks included, is
-            # recorded as `driver` spans between the requests it sends (labdist/phases.py)
+            # recorded as `driver` spans between the requests it sends (labdist/timing/phases.py)
             with phases.driving(), placed_arrays(self._strategy, x, y) as data:
                 batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
                 with FitLoop(self, self._strategy, callbacks, data, batches) as loop:

@@ -4,7 +4,7 @@ a newcomer can read the panel without the docs. Rewritten on every mode switch."
 from __future__ import annotations
 
 from labdist.lab.config import Kind, RunConfig
-from labdist.ui import communication
+from labdist.ui import communication_controls as communication
 
 TORN = ("torn read: a worker read the parameters while an update was half applied (w from "
         "after it, b from before)")

@@ -11,7 +11,8 @@ from collections.abc import Callable, Collection
 import ipywidgets as w
 
 from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
-from labdist.ui import communication, network_controls
+from labdist.ui import communication_controls as communication
+from labdist.ui import network_controls
 
 KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}

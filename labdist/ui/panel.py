@@ -10,7 +10,7 @@ import html
 import ipywidgets as w
 
 from labdist.lab.config import Kind, RunConfig
-from labdist.ui import communication
+from labdist.ui import communication_controls as communication
 from labdist.ui.controls import Controls
 from labdist.ui.event_log import EventLog
 from labdist.ui.histogram import Histogram
@@ -18,7 +18,7 @@ from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
 from labdist.ui.publisher import NO_PS_NOTE, Publisher
 from labdist.ui.replica_buttons import ReplicaButtons
-from labdist.ui.timeline import TimelineChart
+from labdist.ui.timeline_chart import TimelineChart
 
 # the charts that tell the current mode's story, first one on top (in view beside the
 # controls at 1280 x 800 with JupyterLab's file browser open)

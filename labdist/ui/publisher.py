@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from labdist.lab.config import describe_setting
-from labdist.ui import communication
+from labdist.ui import communication_controls as communication
 from labdist.ui.captions import captions
 
 RATE_HZ = 20

@@ -28,8 +28,8 @@ from strategies.test_semantics import (  # noqa: F401
 )
 
 import labdist as ld
-from labdist import placed
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES
+from labdist.shm import placed
 
 pytestmark = pytest.mark.multihost
 

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from labdist.cluster import step_channel
-from labdist.cluster.lane import LaneClient, LaneStepChannel
+from labdist.cluster.lane_channel import LaneClient, LaneStepChannel
 from labdist.cluster.step_channel import ActorStepChannel
 from labdist.errors import ReplicaLostError, ReplicaUnresponsiveError
-from labdist.worker.lane import LaneServer, dumps
-from labdist.worker.replica import StepEvent
+from labdist.replica.actor import StepEvent
+from labdist.replica.lane import LaneServer, dumps
 
 
 class FakeReplicas:

@@ -17,11 +17,12 @@ import pytest
 import labdist as ld
 from labdist import aggregation
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES, all_reduce, reduce_scatter_apply
-from labdist.collectives.transports import shm, shm_wake
+from labdist.collectives.transports import shm
 from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.loopback import LoopbackHub
 from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
+from labdist.shm import doorbell as shm_wake
 
 LARGE = DIRECT_MAX_BYTES // 4 + 1001  # float32 elements: segmented
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
@@ -272,7 +273,7 @@ def test_the_embedded_clusters_replicas_use_one_blas_thread_each():
 
 
 def _spin_of_each_replica():
-    from labdist.worker.context import current
+    from labdist.replica.replica_context import current
 
     return current()._replica.comm.host.spin  # what its collectives and step thread use
 

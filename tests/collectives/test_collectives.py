@@ -131,8 +131,8 @@ class TestAllReduce:
         assert make_strategy("mirrored-3-tcp")._group.steps.kind == "actor"
 
     def test_the_lane_serves_only_the_token_holder(self):
-        from labdist.cluster.lane import LaneClient
-        from labdist.worker import lane
+        from labdist.cluster.lane_channel import LaneClient
+        from labdist.replica import lane
 
         handled = []
         server = lane.LaneServer(

@@ -135,7 +135,7 @@ def test_fit_with_compression_keeps_replicas_identical_and_counts_bytes(kind):
             assert after[0]["compressed_reductions"] - before[0]["compressed_reductions"] == 16
     params = 64 * 64 + 64 + 64 * 10 + 10
     # each step: the gradients (fp32) plus fit's 2 float64 figures and, the replicas running
-    # the loop (training/fit_loop.py), its stop flag (one float64 more)
+    # the loop (training/trainer/fit_loop.py), its stop flag (one float64 more)
     assert results["none"] == 16 * (params * 4 + 24)
     assert results["fp16"] == results["bf16"] == 16 * (params * 2 + 24)
     assert results["topk"] < results["none"] / 20

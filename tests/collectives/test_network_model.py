@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.cluster import timeline
+from labdist.timing import timeline
 
 MODEL = dict(latency="5ms", bandwidth="100MB/s")
 N = 2 << 20  # float32 elements: 8 MiB, the reduce-scatter path

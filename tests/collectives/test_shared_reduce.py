@@ -83,7 +83,7 @@ def test_owners_are_agreed_and_a_partitioned_update_ends_whole_everywhere(mirror
     update them); the others' segments are empty, and every copy still ends identical."""
     import os
 
-    from labdist.worker.context import current
+    from labdist.replica.replica_context import current
 
     start = np.linspace(-1, 1, N, dtype=np.float32)
 

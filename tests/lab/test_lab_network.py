@@ -13,8 +13,8 @@ import pytest
 
 import labdist as ld
 from labdist import network
-from labdist.cluster import timeline
 from labdist.lab.config import RunConfig
+from labdist.timing import timeline
 
 LATENCY_S = 0.025  # long beside a step's CPU work: the rates follow the link, even under load
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.worker.healing import fingerprint
+from labdist.quorum.healing import fingerprint
 
 pytestmark = pytest.mark.cluster
 DATA = (np.zeros((64, 1)), np.zeros(64))

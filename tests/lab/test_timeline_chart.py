@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.cluster import timeline
+from labdist.timing import timeline
 from labdist.ui.stream import esm
-from labdist.ui.timeline import PHASE_COLORS, TimelineChart
+from labdist.ui.timeline_chart import PHASE_COLORS, TimelineChart
 
 
 def straggling_step():

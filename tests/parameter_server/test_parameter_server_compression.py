@@ -246,7 +246,7 @@ def warm_start_factors(client, worker: str) -> dict[int, np.ndarray]:
     """PowerSGD's warm-start factors, per variable, of the parameter-server worker actor on
     `worker` (read in its process: a worker does not report them)."""
     def read(dask_worker):
-        from labdist.worker.ps.worker import ParameterServerWorker
+        from labdist.parameter_server.worker import ParameterServerWorker
 
         (actor,) = [a for a in dask_worker.state.actors.values()
                     if isinstance(a, ParameterServerWorker)]

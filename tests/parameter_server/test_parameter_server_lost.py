@@ -1,5 +1,5 @@
 """Lost updates on parameter servers, counted exactly, on real worker processes: an update that
-a write built on a value without it replaced (worker/ps/chunked.py has the definition).
+a write built on a value without it replaced (parameter_server/chunked.py has the definition).
 
 Races are made certain, not likely: writers wait for each other through flag variables (blind
 assigns, which cannot lose anything) before they write, and a test knob holds each chunk of an

@@ -1,4 +1,4 @@
-"""The parameter servers' same-host path (worker/ps/shm_client.py, shm_server.py) on real worker
+"""The parameter servers' same-host path (parameter_server/shm_client.py, shm_server.py) on real worker
 processes: it is taken when a worker shares its parameter server's host, gives the very values
 Dask comms give in every mode, keeps reads untorn under use_locking while pushes race, falls
 back to Dask comms where /dev/shm cannot serve, and leaves no files behind.
@@ -18,7 +18,7 @@ from clusters import local_client
 from test_parameter_server import race
 
 import labdist as ld
-from labdist.collectives.transports import shm_area
+from labdist.shm import area as shm_area
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def patched(client, make):
     """Replace shm_area's attributes in every worker process with `make()`'s (restored
     after). `make` is a closure, so it travels by value."""
     def swap(values=None):
-        from labdist.collectives.transports import shm_area as a
+        from labdist.shm import area as a
         values = values or make()
         old = {k: getattr(a, k) for k in values}
         for k, v in values.items():
@@ -151,7 +151,7 @@ def test_no_shared_memory_falls_back_to_dask_comms(client):
         np.testing.assert_array_equal(a, b)
 
     def no_room():
-        from labdist.collectives.transports import shm_area as a
+        from labdist.shm import area as a
         create = a.create
 
         def refuse_data(prefix, suffix, size):

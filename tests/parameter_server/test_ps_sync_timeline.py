@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist.cluster import timeline
+from labdist.timing import timeline
 
 STRAGGLE_S = 0.05
 

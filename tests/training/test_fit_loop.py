@@ -1,4 +1,4 @@
-"""The replicas run fit's loop (training/fit_loop.py): an epoch from one dispatch where the
+"""The replicas run fit's loop (training/trainer/fit_loop.py): an epoch from one dispatch where the
 data is placed, the same steps as the driver sending each group, Keras' batch hooks and its
 rule for `stop_training`, and errors as before."""
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import labdist as ld
-from labdist import placed
-from labdist.training.epoch_plan import EpochPlan
-from labdist.training.fit_loop import implements_batch_hooks
+from labdist.shm import placed
+from labdist.training.trainer.epoch_plan import EpochPlan
+from labdist.training.trainer.fit_loop import implements_batch_hooks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Faulty runs on the workers
 

@@ -10,7 +10,7 @@ import pytest
 import labdist as ld
 from labdist.devices import get_backend, to_host
 from labdist.training import layers, losses
-from labdist.training.steps import gradients
+from labdist.training.trainer.steps import gradients
 
 
 class _Views:
@@ -39,7 +39,7 @@ def _mlp(seed=0):
 @pytest.mark.parametrize("device", ["cpu", "strict"])
 @pytest.mark.parametrize("loss", ["sparse_categorical_crossentropy", "mean_squared_error"])
 def test_gradients_written_into_the_buffer_are_the_same_bits(device, loss):
-    from labdist.training.steps import DeviceRNG, gradient_buffer
+    from labdist.training.trainer.steps import DeviceRNG, gradient_buffer
 
     backend = get_backend(device)
     xp = backend.xp

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import labdist as ld
-from labdist.training import overlap
+from labdist.training.trainer import overlap
 
 
 def _fit(strategy, x, y, batch):

@@ -36,8 +36,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from labdist.collectives.transports import shm_area as area
-from labdist.collectives.transports import shm_wake
 from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
 from labdist.collectives.transports.shm_layout import Layouts
@@ -48,8 +46,10 @@ from labdist.collectives.transports.shm_review import (  # noqa: F401 (tests rea
     SHRINK_FACTOR,
     AreaReview,
 )
-from labdist.collectives.transports.shm_wake import Doorbell
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError
+from labdist.shm import area
+from labdist.shm import doorbell as shm_wake
+from labdist.shm.doorbell import Doorbell
 
 log = logging.getLogger(__name__)
 

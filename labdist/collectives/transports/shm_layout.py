@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist.collectives.transports import shm_area as area
+from labdist.shm import area
 
 MAX_LAYOUTS = 64  # message layouts remembered (a training loop uses a handful)
 

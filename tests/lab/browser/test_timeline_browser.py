@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("quiet_machine"),
 
 CELLS = [
     "import time\nimport numpy as np\nimport labdist as ld\n"
-    "from labdist.cluster import timeline\nfrom labdist.ui.timeline import TimelineChart\n"
+    "from labdist.timing import timeline\nfrom labdist.ui.timeline_chart import TimelineChart\n"
     "s = ld.MirroredStrategy(num_replicas=2, device='cpu')\n"
     "def step():\n"
     "    ctx = ld.get_replica_context()\n"

@@ -1,0 +1,189 @@
+"""What the lab runs on the replicas / parameter-server workers each step. The variables'
+own semantics do the synchronizing: `assign_sub` of a mirrored ON_WRITE variable all-reduces
+with its aggregation, an ON_READ or NONE one writes the local copy, and inside a parameter-server
+function it pushes to the parameter server. Only small host summaries come back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from labdist.context import get_replica_context
+from labdist.devices import to_host
+
+GRADIENTS = "the lab's gradients"  # the communicating step's all-reduce (its residuals' key)
+
+
+def _summary(ctx, model, variables, x, y, lr, rank, skew) -> tuple[float, int, dict]:
+    """Read, compute this shard's loss and gradients, update through the variables."""
+    xp = ctx.xp
+    x = xp.asarray(x)
+    if skew and len(x):
+        x = x + rank * skew  # this replica's data comes from shifted inputs
+    params = {k: v.read_value() for k, v in variables.items()}
+    loss, grads = model.loss_and_grads(xp, params, x, xp.asarray(y))
+    for k, v in variables.items():
+        v.assign_sub(xp.asarray(lr * grads[k], dtype=v.dtype), read_value=False)
+    return float(to_host(loss)), len(x), params
+
+
+def mirrored_step(variables: dict[str, Any], model, x, y, lr: float, skew: float,
+                  delay: float, average: bool) -> tuple[float, int, np.ndarray, int]:
+    """One replica's step: (loss on its shard, shard size, its copy after the step, flat,
+    array bytes it sent its peers: the uncompressed all-reduce a compressor saves against)."""
+    ctx = get_replica_context()
+    sent_before = ctx.bytes_sent
+    if delay > 0:  # a straggler: the others wait for it in the next collective
+        time.sleep(float(delay))
+    loss, n, _ = _summary(ctx, model, variables, x, y, lr, ctx.replica_id_in_sync_group, skew)
+    if average:  # local SGD's periodic averaging of ON_READ copies (a local assign each)
+        for v in variables.values():
+            v.assign(ctx.all_reduce("MEAN", v.read_value()), read_value=False)
+    flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
+                           for v in variables.values()])
+    return loss, n, flat, int(ctx.bytes_sent - sent_before)
+
+
+def ps_step(variable: Any, spec, model, x, y, bounds: list[int], lr: float,
+            skew: float) -> tuple[int, float, int, np.ndarray]:
+    """One parameter-server worker's update on its own shard of a global batch: pull the
+    parameter vector, compute, push. Returns (worker index, loss, shard size, the vector it
+    read)."""
+    ctx = get_replica_context()
+    w = ctx.worker_index
+    lo, hi = bounds[w], bounds[w + 1]
+    x, y = x[lo:hi], y[lo:hi]
+    if skew and len(x):
+        x = x + w * skew
+    flat = np.asarray(to_host(variable.read_value()), np.float64)
+    loss, grads = model.loss_and_grads(np, spec.unflatten(flat), x, y)
+    variable.assign_sub(lr * spec.flatten(grads), read_value=False)
+    return w, float(to_host(loss)), len(x), flat
+
+
+def assign_copies(first, variables: dict[str, Any], values: dict[str, Any]) -> None:
+    """`extended.update` target: write this replica's own value into each variable's copy."""
+    from labdist.replica.replica_context import current
+
+    xp = current().xp  # this replica's array module: values go onto its device
+    for k, v in variables.items():
+        v.assign(xp.asarray(values[k], dtype=v.dtype), read_value=False)
+
+
+def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float, skew: float,
+                       delay: float, mean: bool) -> tuple[float, int, np.ndarray, dict]:
+    """A mirrored step under the strategy's communication modes (its compressor and local
+    SGD / DiLoCo, read from the replica context): with local SGD on, this replica steps alone
+    and every `local_steps` steps the round closes (pseudo-gradients all-reduced, outer step);
+    else the gradients go through the compressed all-reduce. Returns mirrored_step's summary
+    and what the communication did (bytes sent this step, residual norm, round progress,
+    pseudo-gradient and outer-step norms when a round closed)."""
+    from labdist.training.trainer import diloco
+
+    ctx = get_replica_context()
+    if delay > 0:
+        time.sleep(float(delay))
+    xp, n = ctx.xp, ctx.num_replicas_in_sync
+    comm = ctx.communication
+    sent_before = ctx.bytes_sent
+    ws = list(variables.values())
+    params = [ctx.local_copy(w).reshape(-1) for w in ws]
+    state = diloco.RoundState(ctx, outer, [w.shape for w in ws])
+    x = xp.asarray(x)
+    if skew and len(x):
+        x = x + ctx.replica_id_in_sync_group * skew
+    loss, grads = model.loss_and_grads(xp, {k: v.read_value() for k, v in variables.items()},
+                                       x, xp.asarray(y))
+    grads = [xp.asarray(grads[k], dtype=w.dtype).reshape(-1) for k, w in variables.items()]
+    settings = ctx.local_sgd
+    info: dict[str, Any] = {"pseudo_norm": None, "outer_norm": None}
+    if settings is not None:
+        if state.since == 0:  # a round starts from the weights as they are now
+            for anchor, p in zip(state.anchors, params, strict=True):
+                anchor[...] = p
+        for p, g in zip(params, grads, strict=True):
+            p -= lr * g  # this replica's own step (mirrored MEAN's share, times n)
+        state.since += 1
+        comm.inner_steps += 1
+        if state.since >= settings.local_steps:
+            before = [np.array(to_host(a), np.float64) for a in state.anchors]
+            pseudo = np.concatenate([b - np.asarray(to_host(p), np.float64)
+                                     for b, p in zip(before, params, strict=True)])
+            diloco.close_round(ctx, settings.outer_optimizer, params, state)
+            after = np.concatenate([np.asarray(to_host(a), np.float64) for a in state.anchors])
+            info["pseudo_norm"] = float(np.linalg.norm(pseudo))
+            info["outer_norm"] = float(np.linalg.norm(after - np.concatenate(before)))
+    else:
+        if state.pending():  # local SGD was turned off: close the round in progress first
+            diloco.leave_local(ctx, params, [{} for _ in params], state)
+        scale = lr / n if mean else lr
+
+        def update(j, lo, hi, summed):
+            params[j][lo:hi] -= scale * summed
+
+        # in their shapes (PowerSGD approximates the matrices), as error feedback keys them
+        grads = [g.reshape(w.shape) for g, w in zip(grads, ws, strict=True)]
+        if ctx.reduce_apply(GRADIENTS, grads, params, update,
+                            gradients=len(grads)):
+            ctx.gather_segments("the lab's updated weights", params)
+        comm.synced_steps += 1
+    state.save()
+    info.update(bytes=int(ctx.bytes_sent - sent_before),
+                residual_norm=float(comm.stats()["residual_norm"]),
+                since=state.since, rounds=state.rounds)
+    flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
+                           for v in variables.values()])
+    return float(to_host(loss)), len(x), flat, info
+
+
+def closing_step(variables: dict[str, Any], outer, lr: float, mean: bool) -> np.ndarray:
+    """(a step of its own, at a switch that moves the copies elsewhere, once the modes are
+    off) Settle what the communication modes left open on `variables`, so the switch moves
+    the state with every update in it exactly once: a DiLoCo round in progress is closed with
+    its outer step (and the replicas' inner states made one), and error-feedback residuals
+    still owed are sent in full and applied. Returns this replica's copy, flat."""
+    from labdist.training.trainer import diloco
+
+    ctx = get_replica_context()
+    ws = list(variables.values())
+    params = [ctx.local_copy(w).reshape(-1) for w in ws]
+    if outer is not None:
+        state = diloco.RoundState(ctx, outer, [w.shape for w in ws])
+        if state.pending():
+            diloco.leave_local(ctx, params, [{} for _ in params], state)
+            state.save()
+    if ctx.communication.owes(GRADIENTS):  # the same on every replica: they summed alike
+        scale = lr / ctx.num_replicas_in_sync if mean else lr
+        zeros = [ctx.xp.zeros(w.shape, p.dtype) for w, p in zip(ws, params, strict=True)]
+
+        def update(j, lo, hi, summed):
+            params[j][lo:hi] -= scale * summed
+
+        if ctx.reduce_apply(GRADIENTS, zeros, params, update, gradients=len(zeros)):
+            ctx.gather_segments("the lab's updated weights", params)
+    return np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
+                           for v in ws])
+
+
+def reset_round(outer) -> None:
+    """(a step of its own) Forget a round in progress: the lab wrote new copies (a switch)."""
+    ctx = get_replica_context()
+    for v in (outer.since, outer.split):
+        ctx.local_copy(v)[...] = 0
+
+
+def fresh_communication(outers: list) -> None:
+    """(a step of its own, at the lab's start and reset) Start the lab's communication state
+    afresh, as the values do: no error-feedback residual owed and no PowerSGD warm-start
+    factor for its gradients or DiLoCo's pseudo-gradients, and every round state of `outers`
+    (`OuterVariables`) back to none: no round open, no rounds counted, no outer velocity."""
+    from labdist.training.trainer import diloco
+
+    ctx = get_replica_context()
+    ctx.communication.clear((GRADIENTS, diloco.WHAT))
+    for outer in outers:
+        for v in outer.variables().values():
+            ctx.local_copy(v)[...] = 0

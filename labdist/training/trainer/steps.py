@@ -1,0 +1,341 @@
+"""What a training step computes, as the strategies run it.
+
+`TrainStep` is the model's half of the strategy <-> training seam: the model builds one and
+hands it to `strategy.train_model_steps`; the strategy decides where it runs (every mirrored
+replica at once, or parameter-server workers one function at a time) and only calls the
+public methods below, so the strategies never import the training layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from labdist.enums import ReduceOp
+from labdist.timing import phases
+from labdist.training import losses
+from labdist.training.trainer import diloco, overlap
+from labdist.training.trainer.epoch_plan import EpochPlan
+from labdist.training.trainer.loop_board import ReplicaBoard
+
+
+class DeviceRNG:
+    """Dropout masks drawn on the host from a per-(seed, replica, step) stream, so every run
+    and every replica count draws the same masks."""
+
+    def __init__(self, backend, key: tuple):
+        self._backend = backend
+        self._key = key
+        self._rng = None  # made on first use: seeding costs tens of us, and most steps draw none
+
+    def random(self, shape):
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._key)
+        return self._backend.to_device(self._rng.random(shape, dtype=np.float32))
+
+
+class TrainStep:
+    """A model's training step: its layers, weight and optimizer-slot variables, loss and
+    optimizer. Picklable (variables travel as handles), so strategies ship it to workers.
+
+    Calling it runs the mirrored loop on one replica; `gradients` is what a parameter-server
+    worker computes between its pull and its push.
+    """
+
+    def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
+                 seed: int, metrics: tuple = (), outer: diloco.OuterVariables | None = None):
+        self.layers = layers
+        self.weights = weights  # per layer: {name: Variable}
+        self.slots = slots  # per layer: {name: {slot: Variable}} (each replica keeps its own)
+        self.loss = loss
+        self.optimizer = optimizer
+        self.seed = seed
+        self.metrics = tuple(metrics)  # training.metrics.Metric: only the compiled ones
+        self.outer = outer  # local SGD / DiLoCo's variables, if the model has made them
+
+    def variables(self) -> list:
+        """The weight variables, in layer order."""
+        return [v for w in self.weights for v in w.values()]
+
+    def slot_variables(self) -> list[dict]:
+        """Per weight (same order as `variables()`): {slot name: Variable}."""
+        return [d for layer in self.slots for d in layer.values()]
+
+    def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
+                  total: int, out: list[dict] | None = None, ready=None
+                  ) -> tuple[list[dict], Any]:
+        """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
+        array}; written into `out` where given), and [loss sum, each metric's sum];
+        `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward
+        (and `ready.abandon()`, where it has one, if the backward pass raises)."""
+        rng = DeviceRNG(backend, (self.seed, rank, iteration))
+        return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
+                         self.metrics, out, ready)
+
+    def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
+        """This replica's local-SGD round, where local SGD is on or a round is still open."""
+        if self.outer is None:
+            if local:
+                raise RuntimeError("local SGD is on but the model has no outer state: fit "
+                                   "makes it when the strategy has local_steps set")
+            return None
+        state = diloco.RoundState(ctx, self.outer, [tuple(self.weights[i][k].shape)
+                                                    for i, k in names])
+        return state if local or state.pending() else None
+
+    def __call__(self, shards: list[tuple] | EpochPlan, totals: list[int] | None = None,
+                 first_iteration: int = 0) -> Any:
+        """On one mirrored replica: train on this replica's shard of each global batch
+        (sizes `totals`), numbering steps from `first_iteration` + 1; returns (loss sum,
+        metric sums (an array, one per compiled metric), n) per step, identical on every
+        replica. The per-step figures stay on the device until the group ends: one host
+        transfer per `steps_per_execution` steps.
+
+        Given an `EpochPlan` instead (`shards` alone), the replica runs the plan's groups on
+        its own, slicing its shards from the placed data (`run_plan`)."""
+        if isinstance(shards, EpochPlan):
+            return self.run_plan(shards)
+        loop = _Loop(self, stop_column=False)
+        host = loop.group(iter(shards), totals, first_iteration)
+        loop.finish()
+        return [(float(row[0]), np.asarray(row[1:], np.float64), total)
+                for row, total in zip(host.tolist(), totals, strict=True)]
+
+    def run_plan(self, plan: EpochPlan) -> tuple[np.ndarray, np.ndarray]:
+        """On one mirrored replica: the plan's groups one after the other, with no driver in
+        between. After each group every replica holds the group's figures (they ride the
+        gradients' all-reduce) and replica 0 writes them to the plan's board; a stop request
+        read there (once a group, at its last step) rides the same all-reduce as a flag, so
+        every replica ends after the same group. Returns (rows: per step loss sum and metric
+        sums, samples per step) for the steps taken, identical on every replica."""
+        from labdist.replica.replica_context import current
+
+        ctx = current()
+        rank, n = ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync
+        board = ReplicaBoard(plan.board, 1 + len(self.metrics), writer=rank == 0)
+        loop = _Loop(self, stop_column=True)
+        rows, totals = [], []
+        to_device = ctx.backend.to_device
+        try:
+            iteration = plan.first_iteration
+            for g, group in enumerate(plan.groups()):
+                sizes = [plan.total(b) for b in group]
+                shards = ((to_device(x), to_device(y))
+                          for x, y in (plan.shard(b, rank, n) for b in group))
+                host = loop.group(shards, sizes, iteration, stop=board.stop_requested)
+                iteration += len(group)
+                rows.append(host[:, :-1])
+                totals.extend(sizes)
+                board.record(g, float(host[:, 0].sum()), host[:, 1:-1].sum(axis=0),
+                             float(sum(sizes)), len(group))
+                if host[-1, -1] > 0:  # a stop request, seen by some replica: all end here
+                    break
+            loop.finish()
+            board.end()
+        finally:
+            board.close()
+        width = 1 + len(self.metrics)
+        out = np.concatenate(rows) if rows else np.zeros((0, width))
+        return out, np.asarray(totals, np.float64)
+
+
+class _Loop:
+    """One replica's training loop over groups of batches in one step function: the local
+    copies, flat views and the figures' buffers made once; `finish` once after the last
+    group. `stop_column`: each step's figures carry one more column, where the last step of
+    a group sums the replicas' stop requests (the driver's, read on each replica)."""
+
+    def __init__(self, step: TrainStep, stop_column: bool):
+        from labdist.replica.replica_context import current
+
+        self.step = step
+        self.ctx = ctx = current()
+        xp = ctx.xp
+        self.names = names = [(i, k) for i, w in enumerate(step.weights) for k in w]
+        self.params = params = [{k: ctx.local_copy(v) for k, v in w.items()}
+                                for w in step.weights]
+        self.flat_params = [params[i][k].reshape(-1) for i, k in names]
+        self.flat_slots = [{s: ctx.local_copy(v).reshape(-1)
+                            for s, v in step.slots[i][k].items()} for i, k in names]
+        self.out = gradient_buffer(ctx, params)  # the gradients' persistent buffer
+        self.width = 1 + len(step.metrics)
+        self.extra = int(stop_column)
+        self.stats = xp.zeros(self.width + self.extra, dtype=xp.float64)
+        # with a stop column, the figures ride the all-reduce from a buffer of that width
+        self.rider = xp.zeros(self.width + 1, dtype=xp.float64) if stop_column else None
+        self.sharded = False
+        self.local = ctx.local_sgd is not None
+
+    def group(self, shards, totals: list[int], first_iteration: int, stop=None):
+        """Train on `shards` (this replica's (x, y) of each global batch, sizes `totals`),
+        steps numbered from `first_iteration` + 1; the group's per-step figures on the host
+        (one row a step; with a stop column, its last row's says whether to stop)."""
+        ctx, step_obj = self.ctx, self.step
+        xp, width, names = ctx.xp, self.width, self.names
+        flat_params, flat_slots = self.flat_params, self.flat_slots
+        history = xp.zeros((len(totals), width + self.extra), dtype=xp.float64)  # on the device
+        local = self.local
+        state = step_obj.round_state(ctx, names, local)
+        last = first_iteration + len(totals)
+        buckets = None if local or state is not None else overlap.Buckets.make(
+            ctx, "the training step's gradients", step_obj.optimizer, names, self.out,
+            flat_params, flat_slots, first_iteration + 1, apply_summed)
+        for step, ((x, y), total) in enumerate(zip(shards, totals, strict=True),
+                                               start=first_iteration + 1):
+            grads, local_stats = step_obj.gradients(xp, ctx.backend, self.params, x, y,
+                                                    ctx.replica_id_in_sync_group, step, total,
+                                                    self.out, buckets)
+            grads = [grads[i][k] for i, k in names]
+            row = step - first_iteration - 1
+            if local:  # this replica's own step; the figures are summed once, below
+                diloco.local_step(ctx, step_obj.optimizer, grads, flat_params, flat_slots,
+                                  step, state, owned=True)
+                history[row, :width] = local_stats
+                continue
+            if state is not None:  # local SGD was just turned off: close its round first
+                diloco.leave_local(ctx, flat_params, flat_slots, state)
+            rider = local_stats
+            if self.rider is not None:
+                rider = self.rider
+                rider[:width] = local_stats
+                rider[width] = float(step == last and stop())
+            if buckets is not None:  # the later layers' sum is under way already
+                self.sharded |= buckets.finish((rider, self.stats))
+            else:
+                self.sharded |= apply_summed(ctx, "the training step's gradients",
+                                             step_obj.optimizer, grads, flat_params,
+                                             flat_slots, step, rider=(rider, self.stats))
+            ctx.communication.synced_steps += 1
+            history[row] = self.stats
+        if state is not None:
+            state.save()
+        phases.RECORDER.trained(len(totals))  # labdist_steps_total counts optimizer steps
+        if local:
+            if self.extra:
+                history[-1, width] = float(stop())
+            history = ctx.reduce_arrays("fit's loss and accuracy", [history], ReduceOp.SUM)[0]
+        return ctx.backend.to_host(history)  # the one device -> host move of the group
+
+    def finish(self) -> None:
+        """After the last group: slots that each rank updated only in its own segment (a
+        partitioned update) are made whole, once (every step of a run partitions alike)."""
+        slots = [a for d in self.flat_slots for a in d.values()]
+        if self.sharded and slots:
+            self.ctx.gather_segments("the optimizer's slots", slots)
+
+
+def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: list[dict],
+                 step: int, rider: tuple | None = None) -> bool:
+    """Sum `grads` over the replicas and apply `optimizer`'s step to `params` (flat, this
+    replica's copies) and their `slots`, segment by segment as the reduce-scatter hands them
+    out; `rider`: (array, target) summed along and stored (fit's loss and accuracy). Returns
+    whether the step was partitioned: the slots then need `ctx.gather_segments`, once the
+    caller's steps are done (each rank updated only its own segment of them)."""
+    xp, n = ctx.xp, len(params)
+
+    def update(j, lo, hi, summed):
+        if j == n:
+            rider[1][lo:hi] = summed
+            return
+        optimizer.apply(xp, params[j][lo:hi], summed,
+                        {s: a[lo:hi] for s, a in slots[j].items()}, step)
+
+    if rider is None:
+        return ctx.reduce_apply(what, grads, params, update, gradients=n)
+    return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update, gradients=n)
+
+
+def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
+    """Views, shaped as `params` (per layer: {name: array}), of one flat buffer this replica
+    keeps across steps for this layout: the backward pass writes each layer's gradients
+    there, so a step allocates (and page-faults) no gradient arrays. None where the
+    parameters do not share one dtype."""
+    arrays = [a for p in params for a in p.values()]
+    if not arrays or any(a.dtype != arrays[0].dtype for a in arrays):
+        return None
+    key = ("gradients", tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
+    flat = ctx.persistent_buffer(key, sum(a.size for a in arrays), arrays[0].dtype)
+    views, at = [], 0
+    for p in params:
+        views.append({})
+        for k, a in p.items():
+            views[-1][k] = flat[at:at + a.size].reshape(a.shape)
+            at += a.size
+    return views
+
+
+def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
+              ready=None):
+    """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
+    metric's sum over the shard]; with `out` (per layer: {name: array}), written there."""
+    if local == 0:  # an empty shard still joins the all-reduce, with zeros
+        if out is not None:
+            for grads in out:
+                for v in grads.values():
+                    v[...] = 0
+            return out, xp.zeros(1 + len(metrics), dtype=xp.float64)
+        grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
+        return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
+    try:
+        return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready)
+    except BaseException:  # a bucket already handed to the helper thread: let it finish
+        abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
+        if abandon is not None:
+            abandon()
+        raise
+
+
+def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready):
+    """`gradients` of a shard that is not empty."""
+    caches, h = [], x
+    for layer, p in zip(layers, params, strict=True):
+        h, cache = layer.forward(xp, p, h, training=True, rng=rng)
+        caches.append(cache)
+    value, dh = loss(xp, y, h)
+    last = layers[-1]
+    fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
+             and getattr(last, "activation", None) is not None
+             and last.activation.name == "softmax")
+    grads: list[dict] = [None] * len(layers)
+    start = len(layers) - 1
+    scale = local / total
+    if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
+        dz = losses.fused_softmax_grad(xp, y, h) * scale
+        dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
+                                             None if out is None else out[-1])
+        if ready is not None:
+            ready(start)
+        start -= 1
+    else:
+        dh = dh * scale
+    for i in range(start, -1, -1):
+        if out is None:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
+        else:
+            dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0,
+                                              out=out[i])
+        if ready is not None:
+            ready(i)
+    stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
+    stats[0] = value * local
+    for j, metric in enumerate(metrics, start=1):
+        stats[j] = metric(xp, y, h)
+    return grads, stats
+
+
+def forward_step(layers, weights, x, y, loss, metrics=()):
+    """On a replica: the model's output on `x`, or with `y` its (loss sum, metric sums)."""
+    from labdist.replica.replica_context import current
+
+    ctx = current()
+    xp = ctx.xp
+    h = x
+    for layer, w in zip(layers, weights, strict=True):
+        h, _ = layer.forward(xp, {k: ctx.local_copy(v) for k, v in w.items()}, h)
+    if y is None:
+        return h
+    if len(x) == 0:
+        return 0.0, np.zeros(len(metrics))
+    value, _ = loss(xp, y, h)
+    return float(value) * len(x), np.array([float(m(xp, y, h)) for m in metrics])
