@@ -35,9 +35,9 @@ from labdist.errors import (
 from labdist.lab import Lab
 from labdist.network import NetworkModel
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
+from labdist.quorum.fit import MembershipChange
 from labdist.replica.replica_context import ReplicaContext
 from labdist.strategies import (
-    MembershipChange,
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,

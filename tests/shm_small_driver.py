@@ -43,7 +43,7 @@ def main() -> None:
                         ("big", int(sys.argv[2]) * mib), ("after", 1000), ("again", 300_000)]:
             out[name] = attempt(s, n)
         alive = []
-        for info in s._group.infos:
+        for info in s.group.infos:
             try:
                 os.kill(info["pid"], 0)
                 alive.append(True)

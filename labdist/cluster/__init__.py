@@ -1,6 +1,6 @@
 """The driver's side of Dask: where the cluster comes from (local.py, probe.py, capacity.py,
 threads.py), who lets it go (reaper.py), and the mirrored replica group that places Replica
-actors on its workers (replica_group.py, on actor_group.py, which the parameter servers'
+actors on its workers (dask_group.py, on actor_group.py, which the parameter servers'
 group shares) and reaches them through a step channel (step_channel.py): actor calls, or the
 fast lane (lane_channel.py)."""
 

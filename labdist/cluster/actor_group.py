@@ -1,5 +1,5 @@
 """What a group of Dask actors owns and how it lets go: the base of the mirrored replica group
-(replica_group.py) and the parameter-server group (ps_group.py)."""
+(dask_group.py) and the parameter-server group (ps_group.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class ActorGroup:
         self.client, self._owns_client = connect(cluster, timeout, security)
         show_replica_steps(self.client)
 
-    def _take_over(self, old: ActorGroup) -> None:
+    def take_over(self, old: ActorGroup) -> None:
         """Own what `old` owned (its embedded cluster, its client): `old` is being replaced."""
         self._owned_cluster, old._owned_cluster = old._owned_cluster, None
         self._owns_client, old._owns_client = old._owns_client, False

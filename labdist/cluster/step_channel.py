@@ -1,7 +1,8 @@
 """The step protocol between the driver and its replicas, written once: send a step (or a
 resume) to some ranks, gather each one's next StepEvent, and notice replicas that are lost or
 late. Two transports carry the requests and events: actor calls through Dask
-(`ActorStepChannel`, here) and the direct socket lane (`LaneStepChannel`, cluster/lane_channel.py)."""
+(`ActorStepChannel`, here) and the direct socket lane (`LaneStepChannel`,
+cluster/lane_channel.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ _ENDED_EARLY = ("the driver stopped waiting for this step (strategy.run was inte
 
 
 class Replicas(Protocol):
-    """What a step channel needs of its replica group (cluster/replica_group.py)."""
+    """What a step channel needs of its replica group (cluster/dask_group.py)."""
 
     loop: asyncio.AbstractEventLoop  # where `call` runs
 

@@ -60,7 +60,7 @@ class DatasetPlacement:
                 self._refused = True
                 return None
             weakref.finalize(self, placed.close_all, self._placed)
-        group = strategy._group
+        group = strategy.group
         if self._group is not group:
             try:
                 ok = readable(strategy, self._placed)

@@ -17,6 +17,7 @@ from labdist import nest
 from labdist.data.distributed import DistributedIterator, DrawnFeed
 from labdist.data.pipeline_feed import PipelineFeed
 from labdist.errors import OutOfRangeError
+from labdist.strategies import regroup
 from labdist.values import PerReplica
 
 
@@ -65,13 +66,14 @@ class Inputs:
                 if not elements:
                     raise OutOfRangeError(f"the input ended: no element left for step 1 of "
                                           f"this strategy.run(steps={steps}) (nothing ran)")
-                feeds = [DrawnFeed([self._strategy._select(e, r, "the input's element")
-                                    for e in elements]) for r in range(n)]
+                feeds = [DrawnFeed([regroup.select(e, r, "the input's element", n,
+                                                   self._strategy.id) for e in elements])
+                         for r in range(n)]
             out.append(PerReplica(feeds))
         return nest.unflatten(treedef, out), moved
 
     def _group(self) -> Any:
-        return self._strategy._group
+        return self._strategy.group
 
     def sent(self, moved: list[str], events: list) -> None:
         """Replicas that answered "done" or "merge" to a call using a pipeline hold it now

@@ -3,8 +3,8 @@ step sends row indices instead of rows: the driver no longer pickles and sends e
 batches, and the replicas no longer wait for them. The batches, their order and their shards
 are exactly those of unplaced data (the same `Batches`, holding placed arrays).
 
-Placed data also lets the replicas run the loop: an `EpochPlan` (training/trainer/epoch_plan.py) tells
-them which batches a span of the epoch holds, and each slices its own shards from it.
+Placed data also lets the replicas run the loop: an `EpochPlan` (training/trainer/epoch_plan.py)
+tells them which batches a span of the epoch holds, and each slices its own shards from it.
 
 The copies in /dev/shm outlive the `fit` that made them while x lives: `fit` called again on
 the same arrays (a notebook's "a few more epochs") takes them again once a compare has shown
@@ -23,7 +23,6 @@ import numpy as np
 from labdist.data import dataset_placement
 from labdist.shm import janitor as shm_janitor
 from labdist.shm import placed
-from labdist.strategies.base import Strategy
 
 
 @contextlib.contextmanager
@@ -32,8 +31,7 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
     all read the driver's /dev/shm; else scattered to their workers' memory (other hosts);
     else (x, y) as given. Scattered copies go when the block ends; files in /dev/shm are kept
     for the next `fit` on the same arrays while x lives (module doc)."""
-    if (type(strategy).train_model_steps is not Strategy.train_model_steps
-            or strategy.num_replicas_in_sync < 2):
+    if not strategy.group.runs_steps or strategy.num_replicas_in_sync < 2:
         yield x, y  # in-process replicas, or parameter servers (their own input path)
         return
     if not placed.enabled():

@@ -2,7 +2,7 @@
 the `ClusterCoordinator` that schedules functions onto its workers (coordinator.py) and the
 `RemoteValue`s it hands out (remote_values.py), the merged `ParameterServerStats`
 (stats.py), `model.fit` on parameter servers (fit.py), the actors' placement and calls
-(group.py) and the push-compression knob (push_compression.py). In the worker processes:
+(actors.py) and the push-compression knob (push_compression.py). In the worker processes:
 the `ParameterStore` actor of each parameter server (store.py, its variables in chunks:
 chunked.py; counters.py; synchronous rounds: sync.py; stale synchronous parallel: ssp.py),
 the `ParameterServerWorker` actor (worker.py) and what a scheduled function sees there

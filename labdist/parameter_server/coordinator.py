@@ -31,10 +31,10 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from labdist import nest, shipping
 from labdist import actor_call as remote
+from labdist import nest, shipping
 from labdist.errors import ReplicaLostError
-from labdist.parameter_server.group import ParameterServerGroup
+from labdist.parameter_server.actors import ParameterServerGroup
 from labdist.parameter_server.outcome import Ending, Outcome
 from labdist.parameter_server.remote_values import (
     PerWorkerDataset,

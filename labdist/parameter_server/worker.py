@@ -21,8 +21,8 @@ from typing import Any
 
 import cloudpickle
 
-from labdist import nest
 from labdist import actor_call as remote
+from labdist import nest
 from labdist.data.distributed import InputContext
 from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.parameter_server.compressed_push import PushCompression

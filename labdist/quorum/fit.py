@@ -13,14 +13,16 @@ receiving every copy from a live peer over the collective transport.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from labdist.data.distributed import shard_bounds
 from labdist.errors import QuorumLostError, ReplicaLostError
 from labdist.quorum import membership
+from labdist.strategies import failures, regroup
 from labdist.values import PerReplica
 
 logger = logging.getLogger("labdist.membership")
@@ -58,10 +60,25 @@ class MembershipChange:
         return len(self.workers)
 
 
-class Quorum:
-    """A mirrored strategy's quorum state: its bounds, the epoch, who listens."""
+class QuorumHost(Protocol):
+    """What quorum training needs of the strategy that holds it."""
 
-    def __init__(self, min_replicas: int, max_replicas: int | None):
+    id: str
+
+    @property
+    def group(self) -> Any: ...  # a DaskReplicaGroup (cluster/dask_group.py)
+
+    def replace_group(self, group: Any) -> None: ...
+
+
+class Quorum:
+    """A mirrored strategy's quorum training, the component it holds (`strategy.quorum`):
+    its bounds, the epoch, who listens, and the steps it runs as transactions. It shares the
+    strategy's lock and run numbers, and re-forms the group through `replace_group`."""
+
+    def __init__(self, host: QuorumHost, lock: threading.RLock, run_ids: Iterator[int],
+                 min_replicas: int, max_replicas: int | None):
+        self._host, self._lock, self._run_ids = host, lock, run_ids
         self.min_replicas = min_replicas
         self.max_replicas = max_replicas  # grow back up to this (None: every worker)
         self.epoch = 0
@@ -108,69 +125,137 @@ class Quorum:
             fn(change)
         return change
 
+    def train(self, step: Callable, groups: list[list[tuple]],
+              first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
+        """`strategy.train_model_steps` in quorum mode: each group of batches as one transaction
+        over the replicas alive at its start (see the module's docstring)."""
+        iteration = first_iteration
+        for batches in groups:
+            with self._lock:
+                self._grow(iteration)
+                value = self._run_group(step, batches, iteration)
+            iteration += len(batches)
+            yield value
 
-def train(strategy, quorum: Quorum, step: Callable, groups: list[list[tuple]],
-          first_iteration: int) -> Iterator[list[tuple[float, float, int]]]:
-    """`strategy.train_model_steps` in quorum mode: each group of batches as one transaction
-    over the replicas alive at its start (see the module's docstring)."""
-    iteration = first_iteration
-    for batches in groups:
-        with strategy._lock:
-            _grow(strategy, quorum, iteration)
-            value = _run_group(strategy, quorum, step, batches, iteration)
-        iteration += len(batches)
-        yield value
+    def _run_group(self, step: Callable, batches: list[tuple], iteration: int) -> Any:
+        def args_for(n: int) -> tuple:
+            shards: list[list[tuple]] = [[] for _ in range(n)]
+            for bx, by in batches:
+                bounds = shard_bounds(len(bx), n)
+                for r in range(n):
+                    shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
+            return (shards[0] if n == 1 else PerReplica(shards), [len(bx) for bx, _ in batches],
+                    iteration)
 
+        return self._transaction(step, args_for, iteration)[0]
 
-def _run_group(strategy, quorum: Quorum, step: Callable, batches: list[tuple],
-               iteration: int) -> Any:
-    def args_for(n: int) -> tuple:
-        shards: list[list[tuple]] = [[] for _ in range(n)]
-        for bx, by in batches:
-            bounds = shard_bounds(len(bx), n)
-            for r in range(n):
-                shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
-        return (shards[0] if n == 1 else PerReplica(shards), [len(bx) for bx, _ in batches],
-                iteration)
+    def run_step(self, fn: Callable, args_for: Callable[[int], tuple], step: int) -> list[Any]:
+        """`strategy.run_transaction` in quorum mode: take in joined workers (a step boundary),
+        then run `fn` as one transaction over the replicas alive."""
+        with self._lock:
+            self._grow(step)
+            return self._transaction(fn, args_for, step)
 
-    return _transaction(strategy, quorum, step, args_for, iteration)[0]
+    def _transaction(self, fn: Callable, args_for: Callable[[int], tuple],
+                     iteration: int) -> list[Any]:
+        """Run `fn(*args_for(n))` on the n replicas alive until a run is committed by every
+        survivor; returns the survivors' results in replica order."""
+        while True:
+            group = self._host.group
+            self.arm(group)
+            n = group.num_replicas
+            args = args_for(n)
+            args_r = [regroup.select(args, r, "args", n, self._host.id) for r in range(n)]
+            run_id = next(self._run_ids)
+            started = time.monotonic()
+            events = group.start_step(run_id, fn, args_r, [{}] * n)
+            if all(e.kind == "done" for e in events):
+                failures.emit_warnings(events)
+                return [e.value for e in events]
+            lost = membership.lost_in(events, group.workers)
+            if not lost:  # the step failed of itself: as without quorum mode
+                failures.fail(group, run_id, events)
+            survivors = [r for r in range(n) if group.workers[r] not in lost]
+            committed = all(events[r].kind == "done" for r in survivors)
+            if not committed:
+                survivors = _roll_back(group, run_id, survivors, lost)
+            self._shrink(survivors, lost, iteration, started, retried=not committed)
+            if committed:
+                return [events[r].value for r in survivors]
 
+    def _shrink(self, survivors: list[int], lost: set[str], iteration: int, since: float,
+                retried: bool) -> None:
+        """Move to an epoch of `survivors` (fewer still if more are lost while it forms)."""
+        group = self._host.group
+        old = list(group.workers)
+        keep = list(survivors)
+        lost = set(lost)
+        for _ in range(MAX_EPOCH_TRIES):
+            if len(keep) < self.min_replicas:
+                _below_minimum(group, keep, lost, self.min_replicas)
+            try:
+                new = membership.next_epoch(group, keep, [], next(self._run_ids))
+            except membership.EpochFailed as failed:
+                if not failed.lost:
+                    raise failed.cause from None
+                lost |= failed.lost
+                keep = [r for r in keep if group.workers[r] not in lost]
+                continue
+            self._host.replace_group(new)
+            self.record(old, new, iteration, retried, since)
+            return
+        raise ReplicaLostError(f"the replica group could not re-form in {MAX_EPOCH_TRIES} tries; "
+                               f"lost: {', '.join(sorted(lost))}")
 
-def run_step(strategy, quorum: Quorum, fn: Callable, args_for: Callable[[int], tuple],
-             step: int) -> list[Any]:
-    """`strategy.run_transaction` in quorum mode: take in joined workers (a step boundary),
-    then run `fn` as one transaction over the replicas alive."""
-    with strategy._lock:
-        _grow(strategy, quorum, step)
-        return _transaction(strategy, quorum, fn, args_for, step)
+    def _grow(self, iteration: int) -> None:
+        """At a step boundary: take in the workers that joined since the last one."""
+        watch = self._watch
+        if watch is None:
+            return
+        heard = watch.take()
+        if not heard:
+            return
+        group = self._host.group
+        room = (self.max_replicas or 1 << 30) - group.num_replicas
+        joiners = [w for w in group.present_workers() if w not in group.workers][:max(room, 0)]
+        if not joiners:
+            return
+        old = list(group.workers)
+        since = min(heard.values())
+        keep = list(range(group.num_replicas))
+        for _ in range(MAX_EPOCH_TRIES):
+            try:
+                new = membership.next_epoch(group, keep, joiners, next(self._run_ids))
+            except membership.EpochFailed as failed:
+                if not failed.lost:
+                    raise failed.cause from None
+                joiners = [w for w in joiners if w not in failed.lost]
+                dead = [r for r in keep if group.workers[r] in failed.lost]
+                if dead:  # a replica died while the copy ran: that is a shrink as well
+                    keep = [r for r in keep if r not in dead]
+                    if len(keep) < self.min_replicas:
+                        _below_minimum(group, keep, failed.lost, self.min_replicas)
+                if not keep:
+                    raise failed.cause from None
+                if not joiners and not dead:  # only newcomers were lost: nothing changes
+                    return
+                continue
+            self._host.replace_group(new)
+            self.record(old, new, iteration, False, since)
+            return
+        raise ReplicaLostError(f"the replica group could not take in {', '.join(joiners)} in "
+                               f"{MAX_EPOCH_TRIES} tries")
 
-
-def _transaction(strategy, quorum: Quorum, fn: Callable, args_for: Callable[[int], tuple],
-                 iteration: int) -> list[Any]:
-    """Run `fn(*args_for(n))` on the n replicas alive until a run is committed by every
-    survivor; returns the survivors' results in replica order."""
-    while True:
-        group = strategy._group
-        quorum.arm(group)
-        n = group.num_replicas
-        args = args_for(n)
-        args_r = [strategy._select(args, r, "args") for r in range(n)]
-        run_id = next(strategy._run_ids)
-        started = time.monotonic()
-        events = group.start(run_id, fn, args_r, [{}] * n)
-        if all(e.kind == "done" for e in events):
-            strategy._emit_warnings(events)
-            return [e.value for e in events]
-        lost = membership.lost_in(events, group.workers)
-        if not lost:  # the step failed of itself: as without quorum mode
-            strategy._fail(run_id, events)
-        survivors = [r for r in range(n) if group.workers[r] not in lost]
-        committed = all(events[r].kind == "done" for r in survivors)
-        if not committed:
-            survivors = _roll_back(group, run_id, survivors, lost)
-        _shrink(strategy, quorum, survivors, lost, iteration, started, retried=not committed)
-        if committed:
-            return [events[r].value for r in survivors]
+    def add_local_worker(self) -> None:
+        """Start one more worker on the strategy's embedded cluster and let the group grow by
+        one: it becomes a replica at the next step boundary (a join, as any other)."""
+        if self.max_replicas is not None:  # None: every worker already
+            self.max_replicas += 1
+        try:
+            self._host.group.add_local_worker()
+        except BaseException:
+            self.max_replicas = None if self.max_replicas is None else self.max_replicas - 1
+            raise
 
 
 def _roll_back(group, run_id: int, survivors: list[int], lost: set[str]) -> list[int]:
@@ -189,31 +274,6 @@ def _roll_back(group, run_id: int, survivors: list[int], lost: set[str]) -> list
     return survivors  # none left: _shrink names what was lost (below min_replicas)
 
 
-def _shrink(strategy, quorum: Quorum, survivors: list[int], lost: set[str], iteration: int,
-            since: float, retried: bool) -> None:
-    """Move to an epoch of `survivors` (fewer still if more are lost while it forms)."""
-    group = strategy._group
-    old = list(group.workers)
-    keep = list(survivors)
-    lost = set(lost)
-    for _ in range(MAX_EPOCH_TRIES):
-        if len(keep) < quorum.min_replicas:
-            _below_minimum(group, keep, lost, quorum.min_replicas)
-        try:
-            strategy._group = membership.next_epoch(group, keep, [], next(strategy._run_ids))
-        except membership.EpochFailed as failed:
-            if not failed.lost:
-                raise failed.cause from None
-            lost |= failed.lost
-            keep = [r for r in keep if group.workers[r] not in lost]
-            continue
-        strategy._on_new_group()
-        quorum.record(old, strategy._group, iteration, retried, since)
-        return
-    raise ReplicaLostError(f"the replica group could not re-form in {MAX_EPOCH_TRIES} tries; "
-                           f"lost: {', '.join(sorted(lost))}")
-
-
 def _below_minimum(group, keep: list[int], lost: set[str], minimum: int):
     left = [group.workers[r] for r in keep]
     raise QuorumLostError(
@@ -222,56 +282,3 @@ def _below_minimum(group, keep: list[int], lost: set[str], minimum: int):
         "survivors' copies are consistent (the unfinished step was undone): "
         "strategy.recover() re-forms the replicas on them (then save, or call fit again once "
         "workers are back)")
-
-
-def _grow(strategy, quorum: Quorum, iteration: int) -> None:
-    """At a step boundary: take in the workers that joined since the last one."""
-    watch = quorum._watch
-    if watch is None:
-        return
-    heard = watch.take()
-    if not heard:
-        return
-    group = strategy._group
-    room = (quorum.max_replicas or 1 << 30) - group.num_replicas
-    joiners = [w for w in group.present_workers() if w not in group.workers][:max(room, 0)]
-    if not joiners:
-        return
-    old = list(group.workers)
-    since = min(heard.values())
-    keep = list(range(group.num_replicas))
-    for _ in range(MAX_EPOCH_TRIES):
-        try:
-            strategy._group = membership.next_epoch(group, keep, joiners,
-                                                    next(strategy._run_ids))
-        except membership.EpochFailed as failed:
-            if not failed.lost:
-                raise failed.cause from None
-            joiners = [w for w in joiners if w not in failed.lost]
-            dead = [r for r in keep if group.workers[r] in failed.lost]
-            if dead:  # a replica died while the copy ran: that is a shrink as well
-                keep = [r for r in keep if r not in dead]
-                if len(keep) < quorum.min_replicas:
-                    _below_minimum(group, keep, failed.lost, quorum.min_replicas)
-            if not keep:
-                raise failed.cause from None
-            if not joiners and not dead:  # only newcomers were lost: nothing changes
-                return
-            continue
-        strategy._on_new_group()
-        quorum.record(old, strategy._group, iteration, False, since)
-        return
-    raise ReplicaLostError(f"the replica group could not take in {', '.join(joiners)} in "
-                           f"{MAX_EPOCH_TRIES} tries")
-
-
-def add_local_worker(strategy, quorum: Quorum) -> None:
-    """Start one more worker on the strategy's embedded cluster and let the group grow by
-    one: it becomes a replica at the next step boundary (a join, as any other)."""
-    if quorum.max_replicas is not None:  # None: every worker already
-        quorum.max_replicas += 1
-    try:
-        strategy._group.add_local_worker()
-    except BaseException:
-        quorum.max_replicas = None if quorum.max_replicas is None else quorum.max_replicas - 1
-        raise

@@ -8,7 +8,7 @@ import hashlib
 
 import numpy as np
 
-from labdist.replica.replica_context import current
+from labdist.replica.replica_context import current, current_replica
 
 
 def heal(source: int, joiners: list[int]) -> str:
@@ -16,7 +16,7 @@ def heal(source: int, joiners: list[int]) -> str:
     take them. Returns a digest of this replica's copies afterwards (equal on every rank when
     the group is bit-identical)."""
     ctx = current()
-    core = ctx._replica
+    core = current_replica()
     rank, world = core.rank, core.world
     payload: list = [None] * world
     if rank == source:
@@ -47,4 +47,4 @@ def digest(core) -> str:
 
 def fingerprint() -> str:
     """A step function: this replica's digest (tests and checks compare them across ranks)."""
-    return digest(current()._replica)
+    return digest(current_replica())

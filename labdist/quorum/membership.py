@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from labdist.cluster.replica_group import DaskReplicaGroup
+from labdist.cluster.dask_group import DaskReplicaGroup
 from labdist.errors import ReplicaLostError
 from labdist.quorum.healing import heal
 
@@ -54,12 +54,12 @@ class JoinWatch:
 
 def keep_undo(group: DaskReplicaGroup) -> None:
     """Every replica of `group` snapshots its variables at the start of each run."""
-    group._bounded("keep_undo", [()] * group.num_replicas)
+    group.call_each("keep_undo", [()] * group.num_replicas)
 
 
 def rollback(group: DaskReplicaGroup, run_id: int, ranks: list[int]) -> None:
     """Return `ranks` to their state before run `run_id` (each one that started it)."""
-    group._bounded("rollback", [(run_id,)] * len(ranks), ranks)
+    group.call_each("rollback", [(run_id,)] * len(ranks), ranks)
 
 
 class EpochFailed(Exception):
@@ -104,14 +104,14 @@ def next_epoch(group: DaskReplicaGroup, keep: list[int], joiners: list[str],
     workers = [group.workers[r] for r in keep] + list(joiners)
     new = None
     try:
-        group._bounded("handover", [(token,)] * len(keep), keep)
+        group.call_each("handover", [(token,)] * len(keep), keep)
         new = DaskReplicaGroup(len(workers), group.client, *group.settings, workers=workers)
-        new._bounded("adopt", [(token,)] * len(keep), list(range(len(keep))))
+        new.call_each("adopt", [(token,)] * len(keep), list(range(len(keep))))
         keep_undo(new)
         if joiners:
             n = len(workers)
             joining = list(range(len(keep), n))
-            events = new.start(run_id, heal, [(0, joining)] * n, [{}] * n)
+            events = new.start_step(run_id, heal, [(0, joining)] * n, [{}] * n)
             failed = [e for e in events if e.kind != "done"]
             if failed:
                 lost = lost_in(events, workers)
@@ -131,6 +131,6 @@ def next_epoch(group: DaskReplicaGroup, keep: list[int], joiners: list[str],
         if lost:
             raise EpochFailed(lost, error) from error
         raise
-    new._take_over(group)
+    new.take_over(group)
     group.close_quickly(keep)
     return new

@@ -104,7 +104,7 @@ class ReplicaCore:
         return self.read(var_id) if want else None
 
     # -- steps ----------------------------------------------------------------------------------
-    def start(self, run_id: int, fn, args: tuple, kwargs: dict, steps: int = 1) -> Future:
+    def start_step(self, run_id: int, fn, args: tuple, kwargs: dict, steps: int = 1) -> Future:
         """Queue `fn` on the step thread (`steps` times over, each step taking the next element
         of its input feeds); the future resolves with its first StepEvent."""
         if self._event is not None:
@@ -308,7 +308,7 @@ class Replica(QuorumHooks, TransportHooks, LaneHooks):
         try:
             if request[0] == "run":
                 _, run_id, fn_ref, args, kwargs, steps = request
-                return self.core.start(run_id, self._load(run_id, fn_ref), args, kwargs, steps)
+                return self.core.start_step(run_id, self._load(run_id, fn_ref), args, kwargs, steps)
             _, value, error = request
             return self.core.resume(value, error)
         except Exception as e:

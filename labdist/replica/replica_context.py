@@ -26,6 +26,17 @@ def current() -> ReplicaContext | None:
     return getattr(_local, "ctx", None)
 
 
+def current_replica() -> Any:
+    """The replica (a `ReplicaCore`) whose step runs on this thread: its copies, its
+    communicator, its rank. For labdist's own step functions that work on the replica as a
+    whole (quorum's healing copy, tests' fingerprints), never the user's: they get the
+    context's public methods."""
+    ctx = current()
+    if ctx is None:
+        raise RuntimeError("current_replica() is for step functions: no step runs here")
+    return ctx._replica
+
+
 class _Entered:
     def __init__(self, ctx: ReplicaContext | None):
         self.ctx = ctx
@@ -208,7 +219,8 @@ class ReplicaContext:
 
     @property
     def communication(self):
-        """This replica's communication modes and their counters (replica/communication_state.py)."""
+        """This replica's communication modes and their counters
+        (replica/communication_state.py)."""
         return self._replica.communication
 
     @property

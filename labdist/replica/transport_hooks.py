@@ -1,4 +1,4 @@
-"""The replica actor's part in choosing the group's transports (cluster/replica_group.py
+"""The replica actor's part in choosing the group's transports (cluster/dask_group.py
 asks every replica to probe each candidate, then to connect, then to use the chosen ones),
 mixed into `Replica`, whose `core` (its communicator) and `_opened` it uses."""
 

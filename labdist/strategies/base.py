@@ -1,9 +1,9 @@
 """What every strategy shares: scope, run (SPMD with merge_call), reduce, local results.
 
 A strategy talks to its replicas through a *replica group* (in-process for OneDeviceStrategy,
-Dask actors for the mirrored strategies) with this small protocol:
-`create/delete/read/write` variable copies, `start/resume` steps (returning one StepEvent per
-replica), `update` for extended.update, and `close`.
+Dask actors for the mirrored strategies, parameter servers): the `ReplicaGroup` protocol of
+strategies/replica_group.py. Quorum training is a component the strategy holds
+(`strategy.quorum`, quorum/fit.py), not a part of its class.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import itertools
 import os
 import threading
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,21 +28,22 @@ from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     ReplicaLostError,
 )
-from labdist.quorum import fit as quorum
-from labdist.quorum.fit import Quorum
-from labdist.quorum.methods import QuorumMethods
 from labdist.replica import replica_context as worker_context
 from labdist.replica.captured_strategy import CapturedStrategy, cross_replica_error
 from labdist.strategies import failures, regroup
 from labdist.strategies.extended import StrategyExtended
 from labdist.strategies.reduce import reduce_value
+from labdist.strategies.replica_group import ReplicaGroup
 from labdist.timing import phases
 from labdist.timing.trace import profile
 from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 
+if TYPE_CHECKING:  # quorum training builds on this module: it is never imported from here
+    from labdist.quorum.fit import MembershipChange, Quorum
 
-class Strategy(QuorumMethods):
+
+class Strategy:
     """The tf.distribute-shaped API over a replica group."""
 
     # TF's MirroredStrategy gives a one-component per-replica value with one replica;
@@ -53,7 +53,7 @@ class Strategy(QuorumMethods):
     # every replica has a worker of its own (MultiWorkerMirroredStrategy)
     _pipeline_per_replica = False
 
-    def __init__(self, group):
+    def __init__(self, group: ReplicaGroup):
         self._id = uuid.uuid4().hex
         # what this strategy must let go of, even if nobody calls close() (cluster/reaper.py)
         self._lifetime = Lifetime(self, group)
@@ -67,23 +67,31 @@ class Strategy(QuorumMethods):
         self._lock = threading.RLock()
         self._running = False  # a run is in progress (on the thread holding the lock)
         self.extended = StrategyExtended(self)
-        self._inputs = Inputs(self, getattr(group, "remote_input", False))
-        self._quorum: Quorum | None = None  # fault_tolerance="quorum" (quorum/fit.py)
+        self._inputs = Inputs(self, group.remote_input)
+        # fault_tolerance="quorum": the component that runs steps as transactions
+        self.quorum: Quorum | None = None
         context.register(self)
 
     # -- basics -----------------------------------------------------------------------------------
     @property
-    def _group(self):
+    def group(self) -> ReplicaGroup:
         """The replica group now (re-formed by recover, refresh and quorum epochs)."""
         return self._lifetime.group
 
-    @_group.setter
-    def _group(self, group) -> None:
+    def replace_group(self, group: ReplicaGroup) -> None:
+        """The replicas re-formed: `group` replaces the old one (which its successor closed)
+        and is told the strategy's modes (`_on_new_group`). The caller holds the lock."""
         self._lifetime.group = group
+        self._on_new_group()
+
+    def use_quorum(self, quorum: Quorum) -> None:
+        """Train in quorum mode from now on (`fault_tolerance="quorum"`)."""
+        self.quorum = quorum
+        self._lifetime.also_close(quorum.close)
 
     @property
     def num_replicas_in_sync(self) -> int:
-        return self._group.num_replicas
+        return self.group.num_replicas
 
     @property
     def id(self) -> str:
@@ -119,7 +127,7 @@ class Strategy(QuorumMethods):
         self.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(num_replicas_in_sync={self._group.num_replicas})"
+        return f"{type(self).__name__}(num_replicas_in_sync={self.group.num_replicas})"
 
     def __reduce__(self):
         """Captured by a step function: on a replica, a stand-in that refuses cross-replica
@@ -177,7 +185,8 @@ class Strategy(QuorumMethods):
         args_r = regroup.select_all(args, "args", n, self._id)
         kwargs_r = regroup.select_all(kwargs, "kwargs", n, self._id)
         run_id = next(self._run_ids)
-        events = self._group.start(run_id, fn, args_r, kwargs_r, steps, self._inputs.forget())
+        events = self.group.start_step(run_id, fn, args_r, kwargs_r, steps,
+                                       self._inputs.forget())
         self._inputs.sent(moved, events)
         while True:
             kinds = {e.kind for e in events}
@@ -186,7 +195,7 @@ class Strategy(QuorumMethods):
             if kinds == {"merge"} and len({e.seq for e in events}) == 1:
                 try:
                     values = self._merge(events)
-                    events = self._group.resume(run_id, values, None)
+                    events = self.group.resume(run_id, values, None)
                     self._inputs.sent(moved, events)
                 except BaseException as error:  # release the waiting replicas, then raise
                     self._abort(run_id, events, error)
@@ -203,10 +212,13 @@ class Strategy(QuorumMethods):
         return [self._select(result, r, "the merge_call result") for r in range(len(events))]
 
     def _fail(self, run_id: int, events, pipelines: bool = False) -> None:
-        failures.fail(self._group, run_id, events, pipelines)
+        failures.fail(self.group, run_id, events, pipelines)
+
+    def _emit_warnings(self, events) -> None:
+        failures.emit_warnings(events, stacklevel=4)
 
     def _abort(self, run_id: int, events, error: BaseException) -> None:
-        failures.abort(self._group, run_id, events, error)
+        failures.abort(self.group, run_id, events, error)
 
     # -- values -----------------------------------------------------------------------------------
     def _select(self, tree: Any, rank: int, what: str) -> Any:
@@ -215,14 +227,6 @@ class Strategy(QuorumMethods):
     def _regroup(self, per_rank: list[Any], what: str, constants: bool = False,
                  results: bool = False) -> Any:
         return regroup.regroup(per_rank, what, constants, results, self._wrap_single)
-
-    def _emit_warnings(self, events) -> None:
-        seen = set()
-        for e in events:
-            for message, category in e.warnings:
-                if (message, category) not in seen:
-                    seen.add((message, category))
-                    warnings.warn(message, category, stacklevel=3)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
         """`value_fn(ValueContext)` for each replica, computed on the driver, regrouped as TF
@@ -326,8 +330,8 @@ class Strategy(QuorumMethods):
         the loop themselves (`train_model_plan`); strategies differ in where the step runs.
         Here: one `run` per group, every replica on its shard of each batch (in quorum mode,
         each group a transaction over the replicas alive: quorum/fit.py)."""
-        if self._quorum is not None:
-            yield from quorum.train(self, self._quorum, step, groups, first_iteration)
+        if self.quorum is not None:
+            yield from self.quorum.train(step, groups, first_iteration)
             return
         n = self.num_replicas_in_sync
         iteration = first_iteration
@@ -348,15 +352,14 @@ class Strategy(QuorumMethods):
         their own: mirrored replicas on worker processes, outside quorum training (each of
         its groups is a transaction the driver commits) and not parameter servers (their
         workers loop as scheduled functions)."""
-        return (self._quorum is None and self.num_replicas_in_sync >= 2
-                and type(self).train_model_steps is Strategy.train_model_steps)
+        return (self.quorum is None and self.num_replicas_in_sync >= 2
+                and self.group.runs_steps)
 
     def scatter_input(self, arrays: list[np.ndarray]) -> list[Any] | None:
         """`arrays` copied once to every replica's worker (`placed.ScatteredArray`), for `fit`
         on replicas that do not share the driver's /dev/shm; None where there are no worker
         processes to copy to, or the copy failed (the batches then travel as before)."""
-        scatter = getattr(self._group, "scatter", None)
-        return None if scatter is None else scatter(arrays)
+        return self.group.scatter(arrays)
 
     def train_model_plan(self, step: Callable, plan: Any) -> tuple[Any, Any]:
         """Run a span of a model's epoch from one dispatch: `step(plan)` on every replica
@@ -377,13 +380,13 @@ class Strategy(QuorumMethods):
         """After a lost worker: re-form the replicas on the workers present, each variable
         taking a surviving replica's copy. Returns False when nothing was lost."""
         with self._lock:
-            if not self._group.lost_replicas():
+            if not self.group.lost_replicas():
                 return False
             self._reform(self.num_replicas_in_sync)
             return True
 
     def _reform(self, num_replicas: int | None) -> None:
-        group = self._group
+        group = self.group
         present = set(group.present_workers())
         lost = set(group.lost_replicas())
         alive = [r for r in range(group.num_replicas)
@@ -392,10 +395,58 @@ class Strategy(QuorumMethods):
             raise ReplicaLostError("every replica was lost: nothing to carry over; restore "
                                    "from a checkpoint into a new strategy")
         values = {i: group.read(i, [alive[0]])[0] for i in self._variable_ids}
-        self._group = group.reform(num_replicas)
+        new = group.reform(num_replicas)
         for var_id, host in values.items():
-            self._group.create(var_id, host)
-        self._on_new_group()
+            new.create(var_id, host)
+        self.replace_group(new)
+
+    # -- quorum training (the component in `self.quorum`; plain strategies without it) -------
+    @property
+    def fault_tolerance(self) -> str:
+        """"quorum" (training goes on among the replicas alive) or "none"."""
+        return "none" if self.quorum is None else "quorum"
+
+    def run_transaction(self, fn: Callable, args_for: Callable[[int], tuple],
+                        step: int = 0) -> list[Any]:
+        """Run `fn(*args_for(n))` once on each of the n replicas and return each replica's
+        result, in replica order (a list, as `experimental_local_results` gives). For a step
+        whose arguments depend on how many replicas share it (the lab's: a global batch
+        split in n). In quorum mode the run is a transaction: joined workers are taken in
+        first, and a replica lost meanwhile leaves the survivors to finish or redo it
+        (`args_for` is called again with fewer), so the list is shorter; `step` is the step
+        number membership changes report. Otherwise it is `run`."""
+        self._check_open()
+        if self.quorum is not None:
+            return self.quorum.run_step(fn, args_for, step)
+        with self._lock:
+            out = self.run(fn, args=args_for(self.num_replicas_in_sync))
+        return list(zip(*(self.experimental_local_results(o) for o in out), strict=True)) \
+            if isinstance(out, tuple) else list(self.experimental_local_results(out))
+
+    def add_local_replica(self) -> None:
+        """Quorum mode on an embedded cluster: start one more worker, which becomes a replica
+        at the next step boundary (with its copies from a live peer)."""
+        self._check_open()
+        if self.quorum is None:
+            raise RuntimeError(f"{self!r} is not in quorum mode: only quorum training takes "
+                               "in new replicas; use fault_tolerance='quorum'")
+        self.quorum.add_local_worker()
+
+    @property
+    def membership_changes(self) -> list[MembershipChange]:
+        """Quorum training's membership changes so far, oldest first (empty otherwise)."""
+        return [] if self.quorum is None else list(self.quorum.changes)
+
+    def add_membership_listener(self, fn: Callable[[MembershipChange], Any]
+                                ) -> Callable[[], None]:
+        """Call `fn(change)` (a `MembershipChange`) each time quorum training changes the
+        replicas; returns the function that stops it. Without quorum mode nothing changes
+        them, and `fn` is never called."""
+        if not callable(fn):
+            raise TypeError(f"fn={fn!r} is not allowed; use a callable")
+        if self.quorum is None:
+            return lambda: None
+        return self.quorum.add_listener(fn)
 
     def _on_new_group(self) -> None:
         """Hook: the replicas were re-formed (recover, refresh, a quorum epoch); new replicas

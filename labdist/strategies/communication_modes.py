@@ -1,7 +1,8 @@
 """Less communication, as modes a mirrored strategy switches between steps: compressed
 gradient all-reduces (`compression=`) and local SGD / DiLoCo (`local_steps=`,
 `outer_optimizer=`). The strategy only checks and forwards the settings; the replicas keep
-them (replica/communication_state.py) and the training step acts on them (training/trainer/diloco.py)."""
+them (replica/communication_state.py) and the training step acts on them
+(training/trainer/diloco.py)."""
 
 from __future__ import annotations
 

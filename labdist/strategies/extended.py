@@ -35,7 +35,7 @@ class StrategyExtended:
         args_r = [s._select((var, *args), r, "args") for r in range(n)]
         kwargs_r = [s._select(kwargs or {}, r, "kwargs") for r in range(n)]
         with s._lock:
-            results = s._group.update(fn, args_r, kwargs_r)
+            results = s.group.update(fn, args_r, kwargs_r)
         if not group:
             return tuple(results)
         return s._regroup(results, "the update function's results")
@@ -46,7 +46,7 @@ class StrategyExtended:
         s = self._strategy
         s._check_open()
         with s._replicas_lock():
-            s._group.create(var_id, host)
+            s.group.create(var_id, host)
             s._variable_ids.append(var_id)
 
     def read_copies(self, var_id: int, ranks: Iterable[int]) -> list[np.ndarray]:
@@ -54,7 +54,7 @@ class StrategyExtended:
         s = self._strategy
         s._check_open()
         with s._replicas_lock():
-            return s._group.read(var_id, list(ranks))
+            return s.group.read(var_id, list(ranks))
 
     def write_copies(self, var_id: int, mode: str, host: np.ndarray,
                      want: Iterable[int]) -> list[np.ndarray]:
@@ -63,4 +63,4 @@ class StrategyExtended:
         s = self._strategy
         s._check_open()
         with s._replicas_lock():
-            return s._group.write(var_id, mode, host, list(want))
+            return s.group.write(var_id, mode, host, list(want))

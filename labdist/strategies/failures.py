@@ -4,6 +4,7 @@ differed."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from labdist.data.feeds import uneven_pipelines
@@ -56,3 +57,14 @@ def abort(group: Any, run_id: int, events: list, error: BaseException) -> None:
             aborted[r] = PeerAbortedError(f"aborted: {type(error).__name__}: {error}")
         events = group.resume(run_id, [None] * len(events), aborted, ranks=waiting)
         waiting = [r for r, e in zip(waiting, events, strict=True) if e.kind == "merge"]
+
+
+def emit_warnings(events: list, stacklevel: int = 3) -> None:
+    """The warnings the replicas raised during a run, each once however many replicas
+    raised it, at the caller of `strategy.run`."""
+    seen = set()
+    for e in events:
+        for message, category in e.warnings:
+            if (message, category) not in seen:
+                seen.add((message, category))
+                warnings.warn(message, category, stacklevel=stacklevel)

@@ -72,7 +72,7 @@ class MirroredStrategy(CommunicationModes, Strategy):
             checks.positive(name, value, unit="seconds")
         if cluster is None and num_replicas is not None:
             capacity.check_local_workers(num_replicas, f"num_replicas={num_replicas}")
-        from labdist.cluster.replica_group import DaskReplicaGroup
+        from labdist.cluster.dask_group import DaskReplicaGroup
 
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,
@@ -89,8 +89,8 @@ class MirroredStrategy(CommunicationModes, Strategy):
                 self.close()
                 checks.refuse("min_replicas", min_replicas,
                               f"at most the {have} replica(s) this cluster has")
-            self._quorum = quorum.Quorum(min_replicas, num_replicas)
-            self._lifetime.also_close(self._quorum.close)
+            self.use_quorum(quorum.Quorum(self, self._lock, self._run_ids, min_replicas,
+                                          num_replicas))
 
     def _on_new_group(self) -> None:
         self._send_communication()  # new replicas start without the modes
@@ -98,30 +98,30 @@ class MirroredStrategy(CommunicationModes, Strategy):
     @property
     def workers(self) -> list[str]:
         """The worker address of each replica, in replica order."""
-        return list(self._group.workers)
+        return list(self.group.workers)
 
     @property
     def replicas(self) -> list[dict]:
         """Each replica, in replica order: rank, worker address, pid, backend, and the device
         it computes on ("cpu", or which GPU: its PCI bus id and CUDA_VISIBLE_DEVICES)."""
-        return [dict(info) for info in self._group.infos]
+        return [dict(info) for info in self.group.infos]
 
     @property
     def transport(self) -> str:
         """"shm" or "tcp": how this strategy's collectives move host data."""
-        return self._group.transport
+        return self.group.transport
 
     @property
     def uses_nccl(self) -> bool:
         """Whether all-reduces of GPU replicas go through NCCL (else through the host)."""
-        return self._group.device_transport == "nccl"
+        return self.group.device_transport == "nccl"
 
     @property
     def client(self):
         """The distributed.Client this strategy uses."""
-        return self._group.client
+        return self.group.client
 
     @property
     def dashboard_link(self) -> str | None:
         """The Dask dashboard of the embedded cluster (None for external clusters)."""
-        return self._group.dashboard_link
+        return self.group.dashboard_link

@@ -52,7 +52,7 @@ class MultiWorkerMirroredStrategy(MirroredStrategy):
         joined or left); variables keep their values. `fit` calls this before training."""
         self._check_open()
         with self._lock:  # no run of another thread may use the group being replaced
-            group = self._group
+            group = self.group
             present = group.present_workers()
             if self._fixed_replicas is None:
                 changed = present != sorted(group.workers)

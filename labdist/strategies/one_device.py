@@ -14,9 +14,11 @@ from labdist.strategies.base import Strategy
 
 
 class LocalReplicaGroup:
-    """One in-process replica (the replica-group protocol of strategies/base.py)."""
+    """One in-process replica: a `ReplicaGroup` (strategies/replica_group.py)."""
 
     num_replicas = 1
+    runs_steps = True
+    remote_input = False  # the replica is this process: input stays where it is
 
     def __init__(self, device: str):
         backend = get_backend(device)
@@ -35,10 +37,10 @@ class LocalReplicaGroup:
         new = self.core.write(var_id, mode, host, bool(want))
         return [new for _ in want]
 
-    def start(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
+    def start_step(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
         for key in forget:
             self.core.feeds.pop(key, None)
-        return [self.core.start(run_id, fn, args_r[0], kwargs_r[0], steps).result()]
+        return [self.core.start_step(run_id, fn, args_r[0], kwargs_r[0], steps).result()]
 
     def resume(self, run_id, values, errors, ranks=None):
         error = errors[0] if errors else None
@@ -46,6 +48,15 @@ class LocalReplicaGroup:
 
     def lost_replicas(self) -> list[int]:
         return []  # in this process: it cannot be lost while we run
+
+    def present_workers(self) -> list[str]:
+        return []  # no cluster
+
+    def reform(self, num_replicas: int | None = None) -> LocalReplicaGroup:
+        raise RuntimeError("an in-process replica is never lost: there is nothing to re-form")
+
+    def scatter(self, arrays: list[Any]) -> None:
+        return None  # the replica reads the driver's arrays as they are
 
     def update(self, fn, args_r, kwargs_r) -> list[Any]:
         return [self.core.update(fn, args_r[0], kwargs_r[0])]
@@ -63,7 +74,7 @@ class OneDeviceStrategy(Strategy):
     def default_replica_context(self) -> ReplicaContext:
         """The replica context code sees with no strategy in scope (TF's default replica
         context): its one replica, here, with merge_call running in place."""
-        return ReplicaContext(self._group.core, run_id=0,
+        return ReplicaContext(self.group.core, run_id=0,
                               merge_handler=lambda fn, args, kwargs: fn(self, *args, **kwargs))
 
 

@@ -28,7 +28,7 @@ class Optimizer:
     def __init__(self):
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
-        self.outer: Any = None  # local SGD / DiLoCo's state (training/trainer/diloco.py), once built
+        self.outer: Any = None  # local SGD / DiLoCo's state (trainer/diloco.py), once built
 
     def hyperparameters(self) -> dict[str, Any]:
         """The numbers that decide an update (learning rate, momentum, ...), without the state

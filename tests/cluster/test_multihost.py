@@ -98,7 +98,7 @@ def test_replicas_are_on_hosts_of_their_own(multi, hosts):
         assert f"labdist-multihost-{rank}" in shm
         assert f"labdist-multihost-{1 - rank}" not in shm
     # steps go over the lane (a socket to each worker's own address), not loopback
-    channel = multi._group.steps
+    channel = multi.group.steps
     assert channel.kind == "lane"
     assert not any(lane.local for lane in channel._lanes)  # their Unix sockets: out of reach
     peers = sorted(lane.sock.getpeername()[0] for lane in channel._lanes)
@@ -200,7 +200,7 @@ def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(12 * 32 + 5, 16)).astype(np.float32)
     y = rng.integers(0, 4, len(x))
-    client = multi._group.client
+    client = multi.group.client
     results = {}
     for flag in ("0", "1"):
         monkeypatch.setenv(placed.ENV, flag)
@@ -231,7 +231,7 @@ def test_fit_scatters_its_data_to_other_hosts_once(multi, monkeypatch):
     assert all(a.tobytes() == b.tobytes() for a, b in zip(w0, w1, strict=True))
 
 
-def _bounded(fn, timeout: float) -> dict:
+def call_each(fn, timeout: float) -> dict:
     """Call `fn` in a daemon thread; {'value'|'error', 'seconds'}, or {} if still running."""
     out: dict = {}
 
@@ -285,7 +285,7 @@ def test_a_cut_link_mid_step_gives_a_bounded_error_naming_the_worker(hosts):
                 timer.cancel()
 
         bound = 2 * CUT_TIMEOUT_S + MARGIN_S
-        got = _bounded(run_and_cut, 1.0 + bound + 30)
+        got = call_each(run_and_cut, 1.0 + bound + 30)
         assert cut_at, "the link was not cut"
         assert got, (f"strategy.run still blocked {bound + 30:.0f} s after worker 1's link was "
                      "cut (the driver's wait is not bounded)")
@@ -307,7 +307,7 @@ def test_a_cut_link_mid_step_gives_a_bounded_error_naming_the_worker(hosts):
         def fresh():
             ctx = ld.get_replica_context()
             return ctx.replica_id_in_sync_group, token
-        after = _bounded(lambda: s.run(fresh), 60)
+        after = call_each(lambda: s.run(fresh), 60)
         assert after, "strategy.run hung after the link came back"
         if "value" in after:
             ranks, tokens = after["value"]
@@ -318,4 +318,4 @@ def test_a_cut_link_mid_step_gives_a_bounded_error_naming_the_worker(hosts):
                 repr(after["error"])
     finally:
         hosts.mend(1)
-        _bounded(s.close, 30)
+        call_each(s.close, 30)

@@ -127,8 +127,8 @@ class TestAllReduce:
     def test_steps_take_the_lane_unless_told_dask_comms_only(self, mirrored2):
         from conftest import make_strategy
 
-        assert mirrored2._group.steps.kind == "lane"
-        assert make_strategy("mirrored-3-tcp")._group.steps.kind == "actor"
+        assert mirrored2.group.steps.kind == "lane"
+        assert make_strategy("mirrored-3-tcp").group.steps.kind == "actor"
 
     def test_the_lane_serves_only_the_token_holder(self):
         from labdist.cluster.lane_channel import LaneClient
@@ -164,7 +164,7 @@ class TestAllReduce:
         with ld.MirroredStrategy(num_replicas=2) as s:
             def ours():
                 return {n for n in os.listdir("/dev/shm")
-                        if n.startswith(f"labdist-{s._group.group[:16]}-")}
+                        if n.startswith(f"labdist-{s.group.group[:16]}-")}
             def step():
                 ctx = ld.get_replica_context()
                 return ctx.all_reduce("SUM", ctx.xp.ones(300_000))

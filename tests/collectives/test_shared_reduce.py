@@ -83,13 +83,13 @@ def test_owners_are_agreed_and_a_partitioned_update_ends_whole_everywhere(mirror
     update them); the others' segments are empty, and every copy still ends identical."""
     import os
 
-    from labdist.replica.replica_context import current
+    from labdist.replica.replica_context import current, current_replica
 
     start = np.linspace(-1, 1, N, dtype=np.float32)
 
     def step():
         ctx = current()
-        comm = ctx._replica.comm
+        comm = current_replica().comm
         weights, slots = start.copy(), np.zeros(N, np.float32)
 
         def apply(i, lo, hi, summed):

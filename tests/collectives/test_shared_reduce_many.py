@@ -12,6 +12,7 @@ from conftest import close_shared_strategies, make_strategy
 
 import labdist as ld
 from labdist.collectives import shared
+from labdist.replica.replica_context import current_replica
 
 
 def values(rank: int, seed: int, n: int) -> np.ndarray:
@@ -54,7 +55,7 @@ def test_many_replicas_end_bit_identical_to_the_rank_order_sum(n):
         r = ctx.replica_id_in_sync_group
         got = [ctx.all_reduce("SUM", arrays_for(r, seed, j)) for j in range(4)]
         got.append(ctx.all_reduce("MEAN", values(r, seed + 9, 100_003)))
-        comm = ctx._replica.comm
+        comm = current_replica().comm
         return got, shared.owners(comm), shared.shared_reads(comm)
 
     for seed in (0, 100):  # a second step: the same layouts again, read in place

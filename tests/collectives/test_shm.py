@@ -93,11 +93,11 @@ def test_areas_shrink_after_an_outsized_collective():
 
     s = make_strategy("mirrored-2")
     s.run(_all_reduce(16 * 2**20))  # 64 MiB: 32 MiB halves, a 64 MiB area per replica
-    assert max(_ours(s._group.group).values()) >= 64 * 2**20
+    assert max(_ours(s.group.group).values()) >= 64 * 2**20
     for _ in range(2 * shm.REVIEW_RUNS + 1):  # a review that saw only small collectives
         out = s.run(_all_reduce(1000))
     assert float(s.experimental_local_results(out)[0][0]) == 2.0
-    sizes = _ours(s._group.group)
+    sizes = _ours(s.group.group)
     assert max(sizes.values()) <= shm.KEEP_BYTES, sizes
     out = s.run(_all_reduce(600_000))  # areas grow again where needed
     assert float(s.experimental_local_results(out)[1][-1]) == 2.0
@@ -110,9 +110,9 @@ def test_files_planted_under_the_next_names_do_not_fail_a_run():
     from conftest import make_strategy
 
     s = make_strategy("mirrored-2")
-    group = s._group.group[:16]
+    group = s.group.group[:16]
     planted = [f"/dev/shm/labdist-{group}-{rank}-{info['pid']}-data{gen}"
-               for rank, info in enumerate(s._group.infos) for gen in range(1, 40)]
+               for rank, info in enumerate(s.group.infos) for gen in range(1, 40)]
     try:
         for path in planted:
             with open(path, "x"):

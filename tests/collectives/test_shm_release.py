@@ -62,7 +62,7 @@ def test_an_outsized_collective_gives_its_shared_memory_back():
     later they were all still there, on /dev/shm and mapped by both workers."""
     strategy = ld.MirroredStrategy(num_replicas=2, collective_timeout=120)
     try:
-        pids = sorted(strategy._group.client.run(os.getpid).values())
+        pids = sorted(strategy.group.client.run(os.getpid).values())
         assert {v for v in strategy.experimental_local_results(
             strategy.run(_all_reduce_sum(64 * MiB)))} == {2.0}  # 256 MiB of float32
         grown = _file_bytes(pids)
@@ -116,7 +116,7 @@ CELL = """
 import os, numpy as np, labdist as ld
 strategy = ld.MirroredStrategy(num_replicas=2)
 strategy.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(300_000)))
-print(sorted(strategy._group.client.run(os.getpid).values()))
+print(sorted(strategy.group.client.run(os.getpid).values()))
 """
 
 

@@ -29,7 +29,7 @@ import labdist as ld
 strategy = ld.MirroredStrategy(cluster=sys.argv[1], transport=sys.argv[2], connect_timeout=20)
 for _ in range(3):  # 1.2 MB all-reduces: shared-memory data areas exist under "auto"
     strategy.run(lambda: ld.get_replica_context().all_reduce("SUM", np.ones(300_000)))
-print(strategy._group.steps.kind, flush=True)
+print(strategy.group.steps.kind, flush=True)
 sys.stdin.read()  # until killed
 """
 

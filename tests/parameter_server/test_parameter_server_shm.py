@@ -1,6 +1,6 @@
-"""The parameter servers' same-host path (parameter_server/shm_client.py, shm_server.py) on real worker
-processes: it is taken when a worker shares its parameter server's host, gives the very values
-Dask comms give in every mode, keeps reads untorn under use_locking while pushes race, falls
+"""The parameter servers' same-host path (parameter_server/shm_client.py, shm_server.py) on
+real worker processes: it is taken when a worker shares its parameter server's host, gives the very
+values Dask comms give in every mode, keeps reads untorn under use_locking while pushes race, falls
 back to Dask comms where /dev/shm cannot serve, and leaves no files behind.
 """
 

@@ -18,7 +18,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import labdist as ld
-from labdist.cluster import replica_group
+from labdist.cluster import dask_group
 from labdist.cluster.lane_channel import LaneClient, connect_lanes
 from labdist.replica import lane
 
@@ -209,15 +209,15 @@ def test_squatters_before_and_during_a_strategy_leave_it_working(external, monke
                 squatters.enter_context(_squatting(where, SQUATTERS[how]))
         return connect_lanes(ends, timeout)
 
-    monkeypatch.setattr(replica_group, "connect_lanes", squat_first)
+    monkeypatch.setattr(dask_group, "connect_lanes", squat_first)
     with Client(external.address, timeout=20, set_as_default=False) as client, squatters:
         before = _lane_threads(client)
         strategy = _promptly(lambda: ld.MirroredStrategy(cluster=client, connect_timeout=20))
         try:
-            assert strategy._group.steps.kind == "lane"
-            assert all(lane_client.local for lane_client in strategy._group.steps._lanes)
+            assert strategy.group.steps.kind == "lane"
+            assert all(lane_client.local for lane_client in strategy.group.steps._lanes)
             _check_runs(strategy)
-            for lane_client in strategy._group.steps._lanes:  # more, during its life
+            for lane_client in strategy.group.steps._lanes:  # more, during its life
                 squatters.enter_context(_squatting(lane_client.address, SQUATTERS[how]))
                 squatters.enter_context(_squatting(lane_client.sock.getpeername(),
                                                    SQUATTERS[how]))
@@ -234,12 +234,12 @@ def test_a_lane_that_cannot_be_opened_falls_back_to_actor_calls(external, monkey
     def broken(ends, timeout):
         raise OSError("no lane today")
 
-    monkeypatch.setattr(replica_group, "connect_lanes", broken)
+    monkeypatch.setattr(dask_group, "connect_lanes", broken)
     with Client(external.address, timeout=20, set_as_default=False) as client:
         before = _lane_threads(client)
         strategy = ld.MirroredStrategy(cluster=client, connect_timeout=20)
         try:
-            assert strategy._group.steps.kind == "actor"
+            assert strategy.group.steps.kind == "actor"
             assert _wait(lambda: _lane_threads(client) == before)  # the unused ends closed
             _check_runs(strategy)
         finally:
@@ -263,14 +263,14 @@ def test_an_ipv6_cluster_runs_steps_over_the_lane_and_dask_comms():
         assert all(w.startswith("tcp://[::1]:") for w in client.scheduler_info()["workers"])
         strategy = ld.MultiWorkerMirroredStrategy(cluster=client, connect_timeout=20)
         try:
-            assert strategy._group.steps.kind == "lane"
-            assert all(":" in c.address[0] for c in strategy._group.steps._lanes)
+            assert strategy.group.steps.kind == "lane"
+            assert all(":" in c.address[0] for c in strategy.group.steps._lanes)
             _check_runs(strategy)
         finally:
             strategy.close()
         strategy = ld.MirroredStrategy(cluster=client, transport="tcp", connect_timeout=20)
         try:  # collectives over Dask comms between IPv6 workers, steps over actor calls
-            assert strategy.transport == "tcp" and strategy._group.steps.kind == "actor"
+            assert strategy.transport == "tcp" and strategy.group.steps.kind == "actor"
             _check_runs(strategy)
         finally:
             strategy.close()
@@ -318,8 +318,8 @@ def test_a_step_over_the_lane_wakes_only_the_step_thread(mirrored2):
     if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/status"):
         pytest.skip("needs Linux's /proc to count a thread's wake-ups")
     strategy, runs = mirrored2, 300
-    assert strategy._group.steps.kind == "lane"
-    client = strategy._group.client
+    assert strategy.group.steps.kind == "lane"
+    client = strategy.group.client
 
     def step():
         return 1

@@ -1,9 +1,9 @@
 """The board between the driver and replicas that run a `fit` epoch on their own
-(training/trainer/epoch_plan.py): a small file in /dev/shm that both map. The driver writes one thing,
-a stop request (`model.stop_training` set while the epoch runs, or the driver interrupted);
-replica 0 writes each group's figures as the group ends. Nobody waits on it: the replicas read
-the stop request once a group and the driver polls the figures, so neither side's pace sets
-the other's. Only used where the replicas read the driver's /dev/shm (placed input).
+(training/trainer/epoch_plan.py): a small file in /dev/shm that both map. The driver writes one
+thing, a stop request (`model.stop_training` set while the epoch runs, or the driver interrupted);
+replica 0 writes each group's figures as the group ends. Nobody waits on it: the replicas read the
+stop request once a group and the driver polls the figures, so neither side's pace sets the other's.
+Only used where the replicas read the driver's /dev/shm (placed input).
 
 Layout, float64: [stop, groups written, ended, started, then one row per group: loss sum,
 metric sums..., samples, steps].

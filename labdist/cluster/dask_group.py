@@ -9,8 +9,8 @@ import time
 import uuid
 from typing import Any
 
-from labdist import shipping
 from labdist import actor_call as remote
+from labdist import shipping
 from labdist.cluster.actor_group import ActorGroup
 from labdist.cluster.lane_channel import LaneStepChannel, connect_lanes
 from labdist.cluster.sent_functions import SentFunctions
@@ -23,8 +23,9 @@ from labdist.replica.actor import Replica, StepEvent
 
 
 class DaskReplicaGroup(ActorGroup):
-    """One Replica actor per worker: the replica-group protocol of strategies/base.py."""
+    """One Replica actor per worker: a `ReplicaGroup` (strategies/replica_group.py)."""
 
+    runs_steps = True
     remote_input = True  # input pipelines may move to the replicas (data/feeds.py)
 
     def __init__(self, num_replicas: int | None, cluster: Any, device: str,
@@ -146,7 +147,7 @@ class DaskReplicaGroup(ActorGroup):
         if num_replicas is not None:
             num_replicas = min(num_replicas, len(self.present_workers())) or None
         new = DaskReplicaGroup(num_replicas, self.client, *self._settings)
-        new._take_over(self)
+        new.take_over(self)
         self.close()
         return new
 
@@ -230,9 +231,10 @@ class DaskReplicaGroup(ActorGroup):
         return await asyncio.gather(
             *(self.call(r, method, *a) for r, a in zip(ranks, args_per_rank, strict=True)))
 
-    def _bounded(self, method: str, args_per_rank: list[tuple], ranks=None) -> list[Any]:
-        """`_all` for the protocol's calls, once no replica owes a step's answer (the step
-        channel's `settle`: an abandoned step no longer runs there); once one replica
+    def call_each(self, method: str, args_per_rank: list[tuple], ranks=None) -> list[Any]:
+        """Call `method` of each replica in `ranks` (default all) with its arguments (quorum
+        training's calls, and the protocol's): `_all`, once no replica owes a step's answer
+        (the step channel's `settle`: an abandoned step no longer runs there); once one replica
         has answered, the others have the channel's patience (collective_timeout plus a
         margin), then ReplicaUnresponsiveError names them (a frozen worker never answers)."""
         ranks = list(range(len(self.workers)) if ranks is None else ranks)
@@ -258,17 +260,17 @@ class DaskReplicaGroup(ActorGroup):
 
     # -- the replica-group protocol --------------------------------------------------------------
     def create(self, var_id, host):
-        self._bounded("create", [(var_id, host)] * len(self.workers))
+        self.call_each("create", [(var_id, host)] * len(self.workers))
 
     def read(self, var_id, ranks):
-        return self._bounded("read", [(var_id,)] * len(ranks), ranks)
+        return self.call_each("read", [(var_id,)] * len(ranks), ranks)
 
     def write(self, var_id, mode, host, want):
         n = len(self.workers)
-        got = self._bounded("write", [(var_id, mode, host, r in want) for r in range(n)])
+        got = self.call_each("write", [(var_id, mode, host, r in want) for r in range(n)])
         return [got[r] for r in want]
 
-    def start(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
+    def start_step(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
         if self.scheduler_lost():
             raise self.scheduler_error()
         n = len(self.workers)
@@ -310,7 +312,7 @@ class DaskReplicaGroup(ActorGroup):
 
     def update(self, fn, args_r, kwargs_r):
         fn_bytes = shipping.dumps(fn)
-        return self._bounded("update",
+        return self.call_each("update",
                              [(fn_bytes, a, k) for a, k in zip(args_r, kwargs_r, strict=True)])
 
     async def _close_all(self) -> None:

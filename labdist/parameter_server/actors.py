@@ -26,7 +26,13 @@ CLOSE_S = 5.0  # closing waits at most this long (or ps_timeout) for each parame
 
 
 class ParameterServerGroup(ActorGroup):
+    """The parameter servers and their workers: a `ReplicaGroup`
+    (strategies/replica_group.py) whose one copy of each variable lives on one parameter
+    server, and whose workers run scheduled functions instead of steps."""
+
     num_replicas = 1  # one copy of every variable, on its parameter server
+    runs_steps = False  # workers run what the coordinator schedules (coordinator.py)
+    remote_input = False  # per-worker datasets are made on the workers by the coordinator
     ps_timeout = 60.0  # seconds a parameter server may answer nothing (set by start)
 
     def __init__(self, cluster: Any, num_workers: int | None, num_ps: int,
@@ -84,7 +90,7 @@ class ParameterServerGroup(ActorGroup):
         return ([present[i % len(present)] for i in range(num_ps)],
                 present[:num_workers] if num_workers else present)
 
-    def start(self, settings: dict) -> None:
+    def start_actors(self, settings: dict) -> None:
         """Start the parameter servers, then the workers (which need to know where they are)."""
         self.bounded = settings["staleness_bound"] is not None
         self.ps_timeout = settings["ps_timeout"]
@@ -259,6 +265,20 @@ class ParameterServerGroup(ActorGroup):
 
     def where(self, rank: int) -> str:
         return "a parameter-server worker"
+
+    def start_step(self, run_id, fn, args_r, kwargs_r, steps=1, forget=()):
+        raise RuntimeError("parameter servers run no steps: their workers run the functions "
+                           "ClusterCoordinator.schedule sends them")
+
+    def resume(self, run_id, values, errors, ranks=None):
+        raise RuntimeError("parameter servers run no steps: there is no merge_call to resume")
+
+    def reform(self, num_replicas: int | None = None):
+        raise RuntimeError("parameter servers are not re-formed: a lost one raises "
+                           "ParameterServerLostError (restore from a checkpoint)")
+
+    def scatter(self, arrays: list[Any]) -> None:
+        return None  # fit under parameter servers sends each worker its batches
 
     def lost_replicas(self) -> list[int]:
         return []  # the one "replica" is the PSs' copy: a lost PS raises instead
