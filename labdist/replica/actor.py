@@ -23,17 +23,16 @@ from labdist import nest
 from labdist.data.distributed import run_steps
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
-from labdist.quorum.replica_hooks import QuorumHooks
+from labdist.quorum.replica_side import QuorumSide
 from labdist.quorum.undo import UndoLog
 from labdist.replica.communication_state import Communication
 from labdist.replica.inbox import LANE, StepInbox, merge_by_lane, serve_lane
-from labdist.replica.lane import LaneServer
-from labdist.replica.lane_hooks import LaneHooks
+from labdist.replica.lane_end import LaneEnd
 from labdist.replica.lifetime import DriverWatch, logger
 from labdist.replica.loaded import LoadedFunctions
 from labdist.replica.replica_context import ReplicaContext, enter
 from labdist.replica.step_event import StepEvent, encode, step_error
-from labdist.replica.transport_hooks import TransportHooks
+from labdist.replica.transport_choice import TransportChoice
 from labdist.shipping import picklable_error
 from labdist.shm import placed
 from labdist.timing import phases
@@ -236,8 +235,11 @@ class ReplicaCore:
         return nest.map_structure(move, tree)
 
 
-class Replica(QuorumHooks, TransportHooks, LaneHooks):
-    """The Dask actor holding one replica on its worker (one per worker, pinned by address)."""
+class Replica:
+    """The Dask actor holding one replica on its worker (one per worker, pinned by address).
+    Its methods are what the driver calls; the parts a feature owns are components it holds:
+    the transports being chosen, the fast lane's end, and quorum training's undo and
+    handover."""
 
     def __init__(self, group: str, rank: int, peers: list[str], device: str, timeout: float):
         from distributed import get_worker
@@ -259,15 +261,16 @@ class Replica(QuorumHooks, TransportHooks, LaneHooks):
         else:
             comm = Communicator.local()
         self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
-        self._opened: dict[str, Any] = {}  # transports probed here, until the group chooses
+        self._transports = TransportChoice(comm)
+        self._quorum = QuorumSide(self.core, self.where)
         metrics.register()  # steps and phases on this worker's /metrics
         self._fns = LoadedFunctions()
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
-        self._lane: LaneServer | None = None  # the driver's fast lane, once opened
         self._reporter = StepReporter(worker, self.core.steps, group, rank,
                                       self.core.thread_id)
         self._worker, self._timeout, self._closed = worker, timeout, False
         self._watch = DriverWatch(worker, worker.get_current_task(), self._driver_gone)
+        self._lane = LaneEnd(self.core, self.where, self._watch.lane_dropped, self._load)
         placed.use_store(worker.data)  # where `fit`'s scattered input lies (other hosts)
 
     async def info(self) -> dict:
@@ -333,15 +336,48 @@ class Replica(QuorumHooks, TransportHooks, LaneHooks):
     def update(self, fn_bytes: bytes, args: tuple, kwargs: dict) -> Any:
         return self.core.update(self._fns.load_bytes(fn_bytes), args, kwargs)
 
+    # -- the fast lane (replica/lane_end.py) ----------------------------------------------
+    async def lane_open(self) -> tuple[tuple[str, int], str, str | None] | None:
+        return self._lane.open()
+
+    def lane_close(self) -> None:
+        self._lane.close()
+
+    # -- choosing the group's transports (replica/transport_choice.py) ----------------------
+    async def transport_probe(self, name: str) -> Any | None:
+        return self._transports.probe(name)
+
+    async def transport_bootstrap(self, name: str, probes: list[Any]) -> Any:
+        return self._transports.bootstrap(name, probes)
+
+    async def transport_connect(self, name: str, probes: list[Any], *root: Any) -> bool:
+        return await self._transports.connect(name, probes, *root)
+
+    async def transport_use(self, names: list[str]) -> None:
+        self._transports.use(names)
+
+    # -- quorum training (quorum/replica_side.py) -----------------------------------------
+    async def keep_undo(self) -> None:
+        self._quorum.keep_undo()
+
+    async def rollback(self, run_id: int) -> bool:
+        return self._quorum.rollback(run_id)
+
+    async def handover(self, token: str) -> None:
+        self._quorum.handover(token)
+
+    async def adopt(self, token: str) -> int:
+        return self._quorum.adopt(token)
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._watch.stop()
         self._reporter.close()
-        await self.transport_use([])
+        self._transports.use([])
         self.core.comm.close()
-        self.lane_close()
+        self._lane.close()
         self.core.stop()
         from labdist.collectives.plugin import get_plugin
 

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # what runs inside worker processes: the actors and their parts
     ("worker", ("labdist.replica", "labdist.data.pipeline_feed",
                 "labdist.timing.step_report", "labdist.timing.prometheus",
-                *(f"labdist.quorum.{m}" for m in ("replica_hooks", "undo", "handover",
+                *(f"labdist.quorum.{m}" for m in ("replica_side", "undo", "handover",
                                                   "healing")),
                 *(f"labdist.parameter_server.{m}" for m in (
                     "store", "chunked", "counters", "sync", "ssp", "worker", "worker_context",
