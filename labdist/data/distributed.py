@@ -40,6 +40,23 @@ def shard_bounds(batch_size: int, num_replicas: int) -> list[int]:
     return list(itertools.accumulate(split_sizes(batch_size, num_replicas), initial=0))
 
 
+def shard(array: Any, num_replicas: int) -> list[Any]:
+    """Each replica's rows of one global batch `array`, in replica order (`shard_bounds`)."""
+    bounds = shard_bounds(len(array), num_replicas)
+    return [array[bounds[r]:bounds[r + 1]] for r in range(num_replicas)]
+
+
+def shard_group(batches: list[tuple[Any, Any]], num_replicas: int) -> list[list[tuple]]:
+    """Each replica's (x, y) shards of a group of global batches (x, y): what one step
+    function call of `fit` takes on each replica, in replica order."""
+    shards: list[list[tuple]] = [[] for _ in range(num_replicas)]
+    for bx, by in batches:
+        for mine, x, y in zip(shards, shard(bx, num_replicas), shard(by, num_replicas),
+                              strict=True):
+            mine.append((x, y))
+    return shards
+
+
 def split_batch(batch: Any, num_replicas: int) -> Any:
     """One global batch (an array, or a tuple/dict of arrays sharing their leading size) as
     the same structure of PerReplica values."""

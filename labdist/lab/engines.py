@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from labdist.data.distributed import shard_bounds
+from labdist.data.distributed import shard
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.lab import communication_engine as communication_modes
@@ -141,9 +141,7 @@ class MirroredEngine:
         communicating = self.modes.active  # compression / local SGD on (or a residual owed)
 
         def args_for(n: int) -> tuple:  # the global batch over n replicas (fewer after a loss)
-            b = shard_bounds(len(x), n)
-            xs = PerReplica([x[b[r]:b[r + 1]] for r in range(n)])
-            ys = PerReplica([y[b[r]:b[r + 1]] for r in range(n)])
+            xs, ys = PerReplica(shard(x, n)), PerReplica(shard(y, n))
             waits = PerReplica([delays[r] if r < len(delays) else 0.0 for r in range(n)])
             if communicating:
                 return (self.variables, self.modes.outer, self.model, xs, ys,

@@ -98,37 +98,29 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
     loss, grads = model.loss_and_grads(xp, {k: v.read_value() for k, v in variables.items()},
                                        x, xp.asarray(y))
     grads = [xp.asarray(grads[k], dtype=w.dtype).reshape(-1) for k, w in variables.items()]
-    settings = ctx.local_sgd
     info: dict[str, Any] = {"pseudo_norm": None, "outer_norm": None}
-    if settings is not None:
-        if state.since == 0:  # a round starts from the weights as they are now
-            for anchor, p in zip(state.anchors, params, strict=True):
-                anchor[...] = p
-        for p, g in zip(params, grads, strict=True):
-            p -= lr * g  # this replica's own step (mirrored MEAN's share, times n)
-        state.since += 1
-        comm.inner_steps += 1
-        if state.since >= settings.local_steps:
-            before = [np.array(to_host(a), np.float64) for a in state.anchors]
-            pseudo = np.concatenate([b - np.asarray(to_host(p), np.float64)
-                                     for b, p in zip(before, params, strict=True)])
-            diloco.close_round(ctx, settings.outer_optimizer, params, state)
+    if ctx.local_sgd is not None:
+        before: list[np.ndarray] = []
+
+        def update() -> None:
+            for p, g in zip(params, grads, strict=True):
+                p -= lr * g  # this replica's own step (mirrored MEAN's share, times n)
+
+        def measure() -> None:  # the round about to close: from its anchors to here
+            before.extend(np.array(to_host(a), np.float64) for a in state.anchors)
+            info["pseudo_norm"] = float(np.linalg.norm(np.concatenate(
+                [b - np.asarray(to_host(p), np.float64)
+                 for b, p in zip(before, params, strict=True)])))
+
+        if diloco.inner_step(ctx, state, params, update, apart=False, before_close=measure):
             after = np.concatenate([np.asarray(to_host(a), np.float64) for a in state.anchors])
-            info["pseudo_norm"] = float(np.linalg.norm(pseudo))
             info["outer_norm"] = float(np.linalg.norm(after - np.concatenate(before)))
     else:
         if state.pending():  # local SGD was turned off: close the round in progress first
             diloco.leave_local(ctx, params, [{} for _ in params], state)
-        scale = lr / n if mean else lr
-
-        def update(j, lo, hi, summed):
-            params[j][lo:hi] -= scale * summed
-
         # in their shapes (PowerSGD approximates the matrices), as error feedback keys them
         grads = [g.reshape(w.shape) for g, w in zip(grads, ws, strict=True)]
-        if ctx.reduce_apply(GRADIENTS, grads, params, update,
-                            gradients=len(grads)):
-            ctx.gather_segments("the lab's updated weights", params)
+        _sgd_all_reduce(ctx, grads, params, lr / n if mean else lr)
         comm.synced_steps += 1
     state.save()
     info.update(bytes=int(ctx.bytes_sent - sent_before),
@@ -137,6 +129,18 @@ def communicating_step(variables: dict[str, Any], outer, model, x, y, lr: float,
     flat = np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
                            for v in variables.values()])
     return float(to_host(loss)), len(x), flat, info
+
+
+def _sgd_all_reduce(ctx, grads: list, params: list, scale: float) -> None:
+    """SGD on the all-reduced `grads` (through the strategy's compressor, with error
+    feedback), each reduced segment applied to `params` as it arrives: `params -= scale * sum`;
+    then the updated weights gathered where the reduce-scatter left each replica a part."""
+
+    def update(j, lo, hi, summed):
+        params[j][lo:hi] -= scale * summed
+
+    if ctx.reduce_apply(GRADIENTS, grads, params, update, gradients=len(grads)):
+        ctx.gather_segments("the lab's updated weights", params)
 
 
 def closing_step(variables: dict[str, Any], outer, lr: float, mean: bool) -> np.ndarray:
@@ -156,14 +160,8 @@ def closing_step(variables: dict[str, Any], outer, lr: float, mean: bool) -> np.
             diloco.leave_local(ctx, params, [{} for _ in params], state)
             state.save()
     if ctx.communication.owes(GRADIENTS):  # the same on every replica: they summed alike
-        scale = lr / ctx.num_replicas_in_sync if mean else lr
         zeros = [ctx.xp.zeros(w.shape, p.dtype) for w, p in zip(ws, params, strict=True)]
-
-        def update(j, lo, hi, summed):
-            params[j][lo:hi] -= scale * summed
-
-        if ctx.reduce_apply(GRADIENTS, zeros, params, update, gradients=len(zeros)):
-            ctx.gather_segments("the lab's updated weights", params)
+        _sgd_all_reduce(ctx, zeros, params, lr / ctx.num_replicas_in_sync if mean else lr)
     return np.concatenate([np.asarray(to_host(v.read_value()), np.float64).reshape(-1)
                            for v in ws])
 

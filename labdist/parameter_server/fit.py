@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from labdist.data.distributed import shard_bounds
+from labdist.data.distributed import shard_group
 from labdist.devices import NUMPY
 from labdist.parameter_server.coordinator import ClusterCoordinator
 from labdist.replica.replica_context import current
@@ -74,12 +74,7 @@ def _sync(strategy, step, groups, iteration) -> Iterator[list[tuple]]:
             global_step += len(group)
             iterations = list(range(iteration, iteration + len(group)))
             iteration += len(group)
-            shards: list[list] = [[] for _ in range(total)]
-            for bx, by in group:
-                bounds = shard_bounds(len(bx), total)
-                for i in range(total):
-                    shards[i].append((bx[bounds[i]:bounds[i + 1]],
-                                      by[bounds[i]:bounds[i + 1]]))
+            shards = shard_group(group, total)
             pending.append([coordinator.schedule(_sync_steps, args=(
                 step, shards[i], steps, iterations, i)) for i in range(total)])
             if len(pending) >= window:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from labdist.data.distributed import shard_bounds
+from labdist.data.distributed import shard_group
 from labdist.errors import QuorumLostError, ReplicaLostError
 from labdist.quorum import membership
 from labdist.strategies import failures, regroup
@@ -139,11 +139,7 @@ class Quorum:
 
     def _run_group(self, step: Callable, batches: list[tuple], iteration: int) -> Any:
         def args_for(n: int) -> tuple:
-            shards: list[list[tuple]] = [[] for _ in range(n)]
-            for bx, by in batches:
-                bounds = shard_bounds(len(bx), n)
-                for r in range(n):
-                    shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
+            shards = shard_group(batches, n)
             return (shards[0] if n == 1 else PerReplica(shards), [len(bx) for bx, _ in batches],
                     iteration)
 

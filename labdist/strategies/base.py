@@ -21,7 +21,7 @@ import numpy as np
 from labdist import context, nest, shipping
 from labdist.cluster.reaper import Lifetime
 from labdist.data.dataset_placement import DatasetPlacement
-from labdist.data.distributed import DistributedDataset, InputContext, shard_bounds
+from labdist.data.distributed import DistributedDataset, InputContext, shard_group
 from labdist.data.feeds import Inputs
 from labdist.data.pipelines import DatasetsFromFunction, InputOptions
 from labdist.enums import InputReplicationMode, ReduceOp
@@ -336,11 +336,7 @@ class Strategy:
         n = self.num_replicas_in_sync
         iteration = first_iteration
         for group in groups:
-            shards: list[list[tuple]] = [[] for _ in range(n)]
-            for bx, by in group:
-                bounds = shard_bounds(len(bx), n)
-                for r in range(n):
-                    shards[r].append((bx[bounds[r]:bounds[r + 1]], by[bounds[r]:bounds[r + 1]]))
+            shards = shard_group(group, n)
             out = self.run(step, args=(shards[0] if n == 1 else PerReplica(shards),
                                        [len(bx) for bx, _ in group], iteration))
             iteration += len(group)

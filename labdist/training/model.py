@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from labdist import checks, context
-from labdist.data.distributed import Batches, shard_bounds
+from labdist.data.distributed import Batches, shard
 from labdist.data.placed_input import placed_arrays
 from labdist.timing import phases
 from labdist.training import fit_checks, losses, optimizers, saving
@@ -257,9 +257,8 @@ class Sequential:
 
     def _run_forward(self, bx, by, metrics: tuple = ()) -> list:
         n = self._strategy.num_replicas_in_sync
-        bounds = shard_bounds(len(bx), n)
-        xs = [bx[bounds[r]:bounds[r + 1]] for r in range(n)]
-        ys = None if by is None else [by[bounds[r]:bounds[r + 1]] for r in range(n)]
+        xs = shard(bx, n)
+        ys = None if by is None else shard(by, n)
         out = self._strategy.run(forward_step, args=(
             self.layers, self._weights, _per_replica(xs),
             None if ys is None else _per_replica(ys), self._loss, metrics))

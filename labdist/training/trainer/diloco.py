@@ -14,6 +14,7 @@ inner steps since the last synchronisation. Every replica keeps them identical.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -109,23 +110,43 @@ def local_step(ctx, optimizer, grads: list, params: list, slots: list[dict], ste
     scaled by the replica count, the sum over replicas of one inner step is the mirrored
     step, so H = 1 with outer SGD(1) is mirrored training. `owned`: the gradients are the
     caller's own to overwrite (fit's, not a user's arrays)."""
+    n = ctx.num_replicas_in_sync
+
+    def update() -> None:
+        for p, g, s in zip(params, grads, slots, strict=True):
+            g = g.reshape(-1)
+            if owned:
+                g *= n  # the step's own gradient: scaled in place, no temporary
+            else:
+                g = g * n
+            optimizer.apply(ctx.xp, p, g, s, step)
+
+    inner_step(ctx, state, params, update)
+
+
+def inner_step(ctx, state: RoundState, params: list, update: Callable[[], None],
+               apart: bool = True, before_close: Callable[[], None] | None = None) -> bool:
+    """The round around one inner step, whoever computes it (`fit`'s optimizers, the lab's
+    plain SGD): a round starts from the weights as they are now, `update()` moves this
+    replica's `params` alone, and after `local_steps` inner steps the round closes
+    (`before_close()` first, for a caller that measures the round). `apart`: the inner
+    optimizer has state of its own (slots) that leaving local SGD must make one again.
+    Returns whether a round closed."""
     settings = ctx.local_sgd
-    if state.since == 0:  # a round starts from the weights as they are now
+    if state.since == 0:
         for anchor, p in zip(state.anchors, params, strict=True):
             anchor[...] = p
-    n = ctx.num_replicas_in_sync
-    for p, g, s in zip(params, grads, slots, strict=True):
-        g = g.reshape(-1)
-        if owned:
-            g *= n  # the step's own gradient: scaled in place, no temporary
-        else:
-            g = g * n
-        optimizer.apply(ctx.xp, p, g, s, step)
+    update()
     state.since += 1
-    state.split = 1
+    if apart:
+        state.split = 1
     ctx.communication.inner_steps += 1
-    if state.since >= settings.local_steps:
-        close_round(ctx, settings.outer_optimizer, params, state)
+    if state.since < settings.local_steps:
+        return False
+    if before_close is not None:
+        before_close()
+    close_round(ctx, settings.outer_optimizer, params, state)
+    return True
 
 
 def close_round(ctx, outer, params: list, state: RoundState) -> None:
