@@ -19,7 +19,8 @@ from labdist.collectives import registry
 from labdist.collectives.plugin import PLUGIN_NAME, CollectivePlugin
 from labdist.devices import pinning_backend
 from labdist.errors import LabdistError, ReplicaLostError, ReplicaUnresponsiveError
-from labdist.replica.actor import Replica, StepEvent
+from labdist.replica.actor import Replica
+from labdist.replica.step_event import ResumeStep, RunStep, StepEvent
 
 
 class DaskReplicaGroup(ActorGroup):
@@ -275,15 +276,21 @@ class DaskReplicaGroup(ActorGroup):
             raise self.scheduler_error()
         n = len(self.workers)
         refs = self._functions.refs(fn, n, forget)
-        args = [(run_id, refs[r], args_r[r], kwargs_r[r], steps) for r in range(n)]
-        events = self._functions.answered(self.steps.exchange(run_id, "run", args,
+        made: dict[tuple, RunStep] = {}  # the same request object where ranks get the same
+        requests = []
+        for r in range(n):
+            same = (id(refs[r]), id(args_r[r]), id(kwargs_r[r]))
+            if same not in made:
+                made[same] = RunStep(run_id, refs[r], args_r[r], kwargs_r[r], steps)
+            requests.append(made[same])
+        events = self._functions.answered(self.steps.exchange(run_id, requests,
                                                               list(range(n))))
         return self._checked(events)
 
     def resume(self, run_id, values, errors, ranks=None) -> list[StepEvent]:
         ranks = list(range(len(self.workers))) if ranks is None else ranks
-        args = [(values[r], errors[r] if errors else None) for r in ranks]
-        events = self.steps.exchange(run_id, "resume", args, ranks)
+        requests = [ResumeStep(values[r], errors[r] if errors else None) for r in ranks]
+        events = self.steps.exchange(run_id, requests, ranks)
         self._functions.answered(events, ranks)
         return self._checked(events)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from labdist import interrupts
 from labdist.actor_call import unsendable
-from labdist.cluster.step_channel import Replicas, StepChannel
-from labdist.replica.actor import StepEvent
+from labdist.cluster.step_channel import ReplicaCalls, StepChannel
 from labdist.replica.lane import GOODBYE, READY, dumps, recv_message, send_message
+from labdist.replica.step_event import RunStep, StepEvent, StepRequest
 
 
 class LaneClient:
@@ -99,7 +99,7 @@ class LaneStepChannel(StepChannel):
 
     kind = "lane"
 
-    def __init__(self, replicas: Replicas, lanes: list[LaneClient],
+    def __init__(self, replicas: ReplicaCalls, lanes: list[LaneClient],
                  collective_timeout: float | None = None):
         super().__init__(replicas, collective_timeout)
         self._lanes = lanes
@@ -109,17 +109,16 @@ class LaneStepChannel(StepChannel):
         selector, self._spare = self._spare, None
         return selector if selector is not None else selectors.PollSelector()
 
-    def _send(self, method, args_per_rank, ranks, events) -> selectors.BaseSelector:
+    def _send(self, requests, ranks, events) -> selectors.BaseSelector:
         payloads = []
-        made: dict[tuple, bytes] = {}  # ranks given the very same arguments share one pickle
-        for r, args in zip(ranks, args_per_rank, strict=True):
-            same = tuple(map(id, args))
-            if same not in made:
+        made: dict[int, bytes] = {}  # ranks given the very same request share one pickle
+        for r, request in zip(ranks, requests, strict=True):
+            if id(request) not in made:
                 try:
-                    made[same] = dumps((method, *args))
+                    made[id(request)] = dumps(request)
                 except Exception as e:
-                    raise unsendable(method, self._replicas.where(r), e) from None
-            payloads.append(made[same])
+                    raise unsendable(_name(request), self._replicas.where(r), e) from None
+            payloads.append(made[id(request)])
         selector = self._selector()
         try:  # the caller holds interrupts back: every rank gets its request, or none does
             for r, payload in zip(ranks, payloads, strict=True):
@@ -184,3 +183,8 @@ class LaneStepChannel(StepChannel):
             self._spare = None
         for lane in self._lanes:
             lane.close()
+
+
+def _name(request: StepRequest) -> str:
+    """What the request is, as errors name it: "run" (a step) or "resume" (from merge_call)."""
+    return "run" if isinstance(request, RunStep) else "resume"

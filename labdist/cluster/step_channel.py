@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from labdist import interrupts
 from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError
-from labdist.replica.actor import StepEvent
+from labdist.replica.step_event import ResumeStep, RunStep, StepEvent, StepRequest
 from labdist.timing import phases
 
 # A replica still running this long after a peer finished is told about it, so a replica
@@ -37,7 +37,7 @@ _ENDED_EARLY = ("the driver stopped waiting for this step (strategy.run was inte
                 "replica did not answer)")
 
 
-class Replicas(Protocol):
+class ReplicaCalls(Protocol):
     """What a step channel needs of its replica group (cluster/dask_group.py)."""
 
     loop: asyncio.AbstractEventLoop  # where `call` runs
@@ -63,7 +63,7 @@ class StepChannel:
 
     kind = ""  # which transport: "actor" or "lane"
 
-    def __init__(self, replicas: Replicas, collective_timeout: float | None = None):
+    def __init__(self, replicas: ReplicaCalls, collective_timeout: float | None = None):
         self._replicas = replicas
         self._timeout = collective_timeout
         # how long the driver waits for a replica once a peer has reported (None: forever)
@@ -73,9 +73,9 @@ class StepChannel:
         self._run: tuple[int, list[int]] = (0, [])  # the last run started: id, ranks
         self._told_run = 0  # the last run whose owed replicas were told it ended early
 
-    def exchange(self, run_id: int, method: str, args_per_rank: list[tuple],
+    def exchange(self, run_id: int, requests: list[StepRequest],
                  ranks: list[int]) -> list[StepEvent]:
-        """Send `method` ("run" or "resume") to each of `ranks` with its arguments; returns
+        """Send each of `ranks` its request (all `RunStep`s, or all `ResumeStep`s); returns
         each one's next StepEvent.
 
         A rank whose worker left the cluster gets an error event naming it. When a wait of
@@ -85,7 +85,7 @@ class StepChannel:
         ReplicaUnresponsiveError event, and its answer is collected by the next `settle`.
         """
         events: dict[int, StepEvent] = {}
-        if method == "run":
+        if isinstance(requests[0], RunStep):
             self.settle(ranks)
             self._run = (run_id, list(ranks))
             sent = ranks
@@ -94,15 +94,15 @@ class StepChannel:
             events = {r: StepEvent("error", 0, error=PeerAbortedError(
                 f"{self._replicas.where(r)} is not waiting in merge_call: it has not answered "
                 "an earlier request")) for r in ranks if r in self._owed}
-            args_per_rank = [a for r, a in zip(ranks, args_per_rank, strict=True)
-                             if r not in self._owed]
+            requests = [q for r, q in zip(ranks, requests, strict=True)
+                        if r not in self._owed]
         asked = time.monotonic()
         pending: Any = None
         late: list[int] = []
         try:
             try:
                 with interrupts.deferred():  # every rank gets its request, or none does
-                    pending = self._send(method, args_per_rank, sent, events)
+                    pending = self._send(requests, sent, events)
                     phases.driver_sent(run_id)  # the driver's part of the step ends (phases.py)
                     self._merging.difference_update(sent)
                 self._gather(run_id, ranks, sent, pending, events, asked, late)
@@ -206,7 +206,7 @@ class StepChannel:
         events: dict[int, StepEvent] = {}
         error = PeerAbortedError(f"aborted: {_ENDED_EARLY}")
         with interrupts.deferred():  # sent and noted as owed, or not sent
-            pending = self._send("resume", [(None, error)] * len(ranks), ranks, events)
+            pending = self._send([ResumeStep(None, error)] * len(ranks), ranks, events)
             self._merging.difference_update(ranks)
             now = time.monotonic()
             for r in ranks:
@@ -270,10 +270,11 @@ class StepChannel:
         asyncio.run_coroutine_threadsafe(tell_all(), self._replicas.loop)
 
     # -- the transport -------------------------------------------------------------------------
-    def _send(self, method: str, args_per_rank: list[tuple], ranks: list[int],
+    def _send(self, requests: list[StepRequest], ranks: list[int],
               events: dict[int, StepEvent]) -> Any:
-        """Send the requests; a rank that cannot be reached gets its error event in `events`
-        now. Returns what `_wait`, `_drop` and `_end` need to know of the requests in flight."""
+        """Send each rank its request (one object for ranks given the very same request); a
+        rank that cannot be reached gets its error event in `events` now. Returns what
+        `_wait`, `_drop` and `_end` need to know of the requests in flight."""
         raise NotImplementedError
 
     def _wait(self, pending: Any, events: dict[int, StepEvent], timeout: float,
@@ -303,15 +304,15 @@ class StepChannel:
 
 
 class ActorStepChannel(StepChannel):
-    """Steps as actor calls (Replica.run, Replica.resume) through Dask's comms: issued on the
-    client's event loop, their results awaited by the calling thread."""
+    """Steps as actor calls (Replica.step) through Dask's comms: issued on the client's event
+    loop, their results awaited by the calling thread."""
 
     kind = "actor"
 
-    def _send(self, method, args_per_rank, ranks, events) -> dict[concurrent.futures.Future, int]:
+    def _send(self, requests, ranks, events) -> dict[concurrent.futures.Future, int]:
         call, loop = self._replicas.call, self._replicas.loop
-        return {asyncio.run_coroutine_threadsafe(call(r, method, *args), loop): r
-                for r, args in zip(ranks, args_per_rank, strict=True)}
+        return {asyncio.run_coroutine_threadsafe(call(r, "step", request), loop): r
+                for r, request in zip(ranks, requests, strict=True)}
 
     def _wait(self, pending, events, timeout, first) -> bool:
         done, _ = concurrent.futures.wait(

@@ -21,7 +21,7 @@ from labdist.lab.divergence import DivergenceError
 from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
-from labdist.lab.replicas import Replicas
+from labdist.lab.replicas import ReplicaChanges
 from labdist.lab.runner import Runner
 
 PAUSE_WITHIN_S = 0.8  # ■ on lab.step / lab.wait: how long the pause may take to land
@@ -88,7 +88,7 @@ class Lab:
         self._lock = threading.Lock()
         self.panel = None
         self._pool = StrategyPool(strategy, num_replicas, spec.size, fault_tolerance)
-        self._replicas = Replicas(self._pool.first, n)
+        self._replicas = ReplicaChanges(self._pool.first, n)
         self.history = RunHistory(track, index)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)

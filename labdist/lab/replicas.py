@@ -13,10 +13,12 @@ from labdist.lab.config import Kind
 MAX_ADDED = 2  # replicas add_replica may add beyond the starting count (a trace each)
 
 
-class Replicas:
+class ReplicaChanges:
+    """The lab's kill and add of replicas, checked against its strategy and kind."""
+
     def __init__(self, strategy: Any, num_replicas: int):
         self.strategy = strategy
-        self.quorum = getattr(strategy, "fault_tolerance", "none") == "quorum"
+        self.quorum = strategy.fault_tolerance == "quorum"
         self.slots = num_replicas + (MAX_ADDED if self.quorum else 0)
         self._added = 0
 

@@ -31,7 +31,14 @@ from labdist.replica.lane_end import LaneEnd
 from labdist.replica.lifetime import DriverWatch, logger
 from labdist.replica.loaded import LoadedFunctions
 from labdist.replica.replica_context import ReplicaContext, enter
-from labdist.replica.step_event import StepEvent, encode, step_error
+from labdist.replica.step_event import (
+    ResumeStep,
+    RunStep,
+    StepEvent,
+    StepRequest,
+    encode,
+    step_error,
+)
 from labdist.replica.transport_choice import TransportChoice
 from labdist.shipping import picklable_error
 from labdist.shm import placed
@@ -289,13 +296,11 @@ class Replica:
     async def write(self, var_id: int, mode: str, host, want: bool):
         return self.core.write(var_id, mode, host, want)
 
-    # -- steps: one handler, reached by actor calls (run, resume) or by the lane --------------
-    async def run(self, run_id: int, fn_ref: tuple, args: tuple, kwargs: dict,
-                  steps: int = 1) -> bytes:
-        return await self._reply(self._step(("run", run_id, fn_ref, args, kwargs, steps)))
-
-    async def resume(self, value: Any = None, error: BaseException | None = None) -> bytes:
-        return await self._reply(self._step(("resume", value, error)))
+    # -- steps: one handler, reached by an actor call or by the lane (replica/lane_end.py) ---
+    async def step(self, request: StepRequest) -> bytes:
+        """Start a step (`RunStep`) or go on from merge_call (`ResumeStep`); the step's next
+        event, pickled."""
+        return await self._reply(self._step(request))
 
     async def _reply(self, next_event: Future) -> bytes:
         """The step's next event, pickled for the driver (on the event loop)."""
@@ -304,16 +309,17 @@ class Replica:
             next_event = self.core.resume(error=answer)
         return answer
 
-    def _step(self, request: tuple) -> Future:
-        """Start ("run", run_id, fn_ref, args, kwargs, steps) or resume ("resume", value,
-        error) a step for an actor call; the future of its next event, which is an error event
-        when that fails (e.g. arguments this worker cannot import)."""
+    def _step(self, request: StepRequest) -> Future:
+        """Start or resume a step for an actor call; the future of its next event, which is an
+        error event when that fails (e.g. arguments this worker cannot import)."""
         try:
-            if request[0] == "run":
-                _, run_id, fn_ref, args, kwargs, steps = request
-                return self.core.start_step(run_id, self._load(run_id, fn_ref), args, kwargs, steps)
-            _, value, error = request
-            return self.core.resume(value, error)
+            match request:
+                case RunStep(run_id, fn_ref, args, kwargs, steps):
+                    fn = self._load(run_id, fn_ref)
+                    return self.core.start_step(run_id, fn, args, kwargs, steps)
+                case ResumeStep(value, error):
+                    return self.core.resume(value, error)
+            raise TypeError(f"{request!r} is no step request")
         except Exception as e:
             failed = Future()
             failed.set_result(StepEvent("error", 0, error=picklable_error(e),

@@ -22,6 +22,7 @@ from typing import Any
 
 from labdist.errors import ReplicaLostError
 from labdist.replica.lane import DROPPED, read_request, send_message
+from labdist.replica.step_event import ResumeStep
 
 LANE = object()  # what `next` returns when the lane has a request to read
 
@@ -150,10 +151,10 @@ def merge_by_lane(inbox: StepInbox, answer: bytes, dropped) -> tuple[Any, Any]:
         _ended(inbox, request == DROPPED, dropped)
         return None, lost
     message = pickle.loads(request)
-    if message[0] != "resume":
+    if not isinstance(message, ResumeStep):
         return None, RuntimeError(
-            f"the driver sent {message[0]!r} to a replica waiting in merge_call")
-    return message[1], message[2]
+            f"the driver sent {type(message).__name__} to a replica waiting in merge_call")
+    return message.value, message.error
 
 
 def _ended(inbox: StepInbox, vanished: bool, dropped) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labdist.replica.lane import LaneServer
-from labdist.replica.step_event import StepEvent, encode
+from labdist.replica.step_event import RunStep, StepEvent, encode
 from labdist.shipping import picklable_error
 
 
@@ -57,10 +57,11 @@ class LaneEnd:
         the driver."""
         try:
             request = pickle.loads(raw)
-            if request[0] != "run":  # a resume the step would have taken in merge_call
+            if not isinstance(request, RunStep):  # a resume: merge_call would have taken it
                 raise RuntimeError(f"replica {self.core.rank} is not waiting in merge_call")
-            _, run_id, fn_ref, args, kwargs, steps = request
-            fn = self._load(run_id, fn_ref)
+            run_id, args, kwargs, steps = (request.run_id, request.args, request.kwargs,
+                                           request.steps)
+            fn = self._load(run_id, request.fn_ref)
         except Exception as e:
             return encode(StepEvent("error", 0, error=picklable_error(e),
                                     remote_traceback=traceback.format_exc()), self.where)

@@ -1,6 +1,8 @@
-"""What a replica reports to the driver after each part of a step (`StepEvent`), and how it
-leaves the worker: pickled once, where whatever cannot travel (a result, merge_call arguments,
-a warning, an exception) becomes an error that says so instead of breaking the connection."""
+"""The step protocol's messages, both ways. The driver asks a replica to start a step
+(`RunStep`) or to go on from merge_call (`ResumeStep`); the replica reports what came of each
+part of a step (`StepEvent`), pickled once on the worker, where whatever cannot travel (a
+result, merge_call arguments, a warning, an exception) becomes an error that says so instead
+of breaking the connection."""
 
 from __future__ import annotations
 
@@ -10,6 +12,35 @@ from typing import Any
 from labdist.errors import PeerAbortedError
 from labdist.replica.lane import dumps
 from labdist.shipping import picklable_error
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """Start step `run_id`: the step function `fn_ref` names (replica/loaded.py) with this
+    replica's arguments, `steps` times."""
+
+    run_id: int
+    fn_ref: tuple
+    args: tuple
+    kwargs: dict
+    steps: int = 1
+
+    def __reduce__(self):  # the lane's hot path: a tuple's pickle, not a dataclass's state
+        return RunStep, (self.run_id, self.fn_ref, self.args, self.kwargs, self.steps)
+
+
+@dataclass(frozen=True)
+class ResumeStep:
+    """Go on from merge_call with its `value`, or raise `error` there."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    def __reduce__(self):
+        return ResumeStep, (self.value, self.error)
+
+
+StepRequest = RunStep | ResumeStep
 
 
 @dataclass

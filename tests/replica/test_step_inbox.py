@@ -13,6 +13,7 @@ import pytest
 from labdist.errors import ReplicaLostError
 from labdist.replica import lane
 from labdist.replica.inbox import LANE, StepInbox, merge_by_lane, serve_lane
+from labdist.replica.step_event import ResumeStep
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_a_request_is_answered_on_the_lane(inbox):
 
 def test_merge_call_takes_the_drivers_resume_from_the_lane(inbox):
     box, driver = inbox
-    lane.send_message(driver, lane.dumps(("resume", 7.0, None)))
+    lane.send_message(driver, lane.dumps(ResumeStep(7.0)))
     assert merge_by_lane(box, b"merge-event", dropped=None) == (7.0, None)
     assert lane.recv_message(driver) == b"merge-event"
 
