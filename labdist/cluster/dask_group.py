@@ -283,14 +283,14 @@ class DaskReplicaGroup(ActorGroup):
             if same not in made:
                 made[same] = RunStep(run_id, refs[r], args_r[r], kwargs_r[r], steps)
             requests.append(made[same])
-        events = self._functions.answered(self.steps.exchange(run_id, requests,
+        events = self._functions.answered(self.steps.step(run_id, requests,
                                                               list(range(n))))
         return self._checked(events)
 
     def resume(self, run_id, values, errors, ranks=None) -> list[StepEvent]:
         ranks = list(range(len(self.workers))) if ranks is None else ranks
         requests = [ResumeStep(values[r], errors[r] if errors else None) for r in ranks]
-        events = self.steps.exchange(run_id, requests, ranks)
+        events = self.steps.step(run_id, requests, ranks)
         self._functions.answered(events, ranks)
         return self._checked(events)
 

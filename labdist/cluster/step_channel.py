@@ -73,8 +73,8 @@ class StepChannel:
         self._run: tuple[int, list[int]] = (0, [])  # the last run started: id, ranks
         self._told_run = 0  # the last run whose owed replicas were told it ended early
 
-    def exchange(self, run_id: int, requests: list[StepRequest],
-                 ranks: list[int]) -> list[StepEvent]:
+    def step(self, run_id: int, requests: list[StepRequest],
+             ranks: list[int]) -> list[StepEvent]:
         """Send each of `ranks` its request (all `RunStep`s, or all `ResumeStep`s); returns
         each one's next StepEvent.
 

@@ -103,9 +103,9 @@ def test_prompt_answers_come_back_in_rank_order_and_nobody_is_told(loop, transpo
                                    for r in range(3)])
     channel = make_channel(transport, replicas)
     try:
-        events = channel.exchange(7, runs(7, [(r,) for r in range(3)]), [0, 1, 2])
+        events = channel.step(7, runs(7, [(r,) for r in range(3)]), [0, 1, 2])
         assert [e.value for e in events] == [(r, RunStep(7, (), (r,), {})) for r in range(3)]
-        events = channel.exchange(7, [ResumeStep("a"), ResumeStep("c")], [0, 2])
+        events = channel.step(7, [ResumeStep("a"), ResumeStep("c")], [0, 2])
         assert [e.value for e in events] == [(0, ResumeStep("a")), (2, ResumeStep("c"))]
         assert replicas.told == []
     finally:
@@ -124,7 +124,7 @@ def test_a_replica_still_running_is_told_how_its_peer_left(loop, release, transp
     channel = make_channel(transport, replicas)
     try:
         start = time.monotonic()
-        events = channel.exchange(5, runs(5, [(), ()]), [0, 1])
+        events = channel.step(5, runs(5, [(), ()]), [0, 1])
         took = time.monotonic() - start
         assert [e.kind for e in events] == ["done", "error"]
         assert str(events[1].error) == "told=True"
@@ -146,7 +146,7 @@ def test_a_failed_peer_is_told_with_its_error(loop, transport):
     replicas = FakeReplicas(loop, [waits_for_peer, fails])
     channel = make_channel(transport, replicas)
     try:
-        events = channel.exchange(9, runs(9, [(), ()]), [0, 1])
+        events = channel.step(9, runs(9, [(), ()]), [0, 1])
         assert [e.kind for e in events] == ["done", "error"]
         assert replicas.told == [(0, 9, 1, "failed", "KeyError: 'boom'")]
     finally:
@@ -164,7 +164,7 @@ def test_a_lost_worker_is_not_waited_for(loop, release, transport):
     try:
         threading.Timer(0.3, replicas.gone.add, (1,)).start()
         start = time.monotonic()
-        events = channel.exchange(1, runs(1, [(), ()]), [0, 1])
+        events = channel.step(1, runs(1, [(), ()]), [0, 1])
         assert time.monotonic() - start < 5
         assert events[0].kind == "done"
         assert events[1].kind == "error" and isinstance(events[1].error, ReplicaLostError)
@@ -185,9 +185,9 @@ def test_arguments_the_lane_cannot_carry_name_the_method_and_replica(loop):
     channel = make_channel("lane", replicas)
     try:
         with pytest.raises(TypeError, match=r"arguments of 'run' cannot be sent to replica 1"):
-            channel.exchange(1, runs(1, [(1,), (threading.Lock(),)]), [0, 1])
+            channel.step(1, runs(1, [(1,), (threading.Lock(),)]), [0, 1])
         assert sent == []  # nothing went out: the replicas are free for the next step
-        assert [e.kind for e in channel.exchange(2, runs(2, [(1,), (2,)]), [0, 1])] == ["done"] * 2
+        assert [e.kind for e in channel.step(2, runs(2, [(1,), (2,)]), [0, 1])] == ["done"] * 2
     finally:
         close_channel(channel)
 
@@ -197,7 +197,7 @@ def test_a_closed_lane_is_a_lost_replica(loop):
     channel = make_channel("lane", replicas)
     try:
         channel._lanes[1].close()
-        events = channel.exchange(1, runs(1, [(), ()]), [0, 1])
+        events = channel.step(1, runs(1, [(), ()]), [0, 1])
         assert events[0].kind == "done"
         assert isinstance(events[1].error, ReplicaLostError)
     finally:
@@ -223,14 +223,14 @@ def test_a_late_answer_is_never_taken_for_a_later_exchanges(loop, release, trans
     replicas = FakeReplicas(loop, [lambda req: StepEvent("done", 0, value=req), slow_first])
     channel = make_channel(transport, replicas, collective_timeout=0.2)
     try:
-        events = channel.exchange(1, runs(1, [(1,), (1,)]), [0, 1])
+        events = channel.step(1, runs(1, [(1,), (1,)]), [0, 1])
         assert events[0].value == RunStep(1, (), (1,), {})
         assert isinstance(events[1].error, ReplicaUnresponsiveError)
         assert "replica 1 did not answer" in str(events[1].error)
         with pytest.raises(ReplicaUnresponsiveError, match="replica 1 has not answered"):
-            channel.exchange(2, runs(2, [(2,), (2,)]), [0, 1])
+            channel.step(2, runs(2, [(2,), (2,)]), [0, 1])
         release.set()
-        events = channel.exchange(3, runs(3, [(3,), (3,)]), [0, 1])
+        events = channel.step(3, runs(3, [(3,), (3,)]), [0, 1])
         assert [e.value for e in events] == [RunStep(3, (), (3,), {})] * 2
         assert (1, 1, 0, "failed", step_channel._ENDED_EARLY) in replicas.told
     finally:
