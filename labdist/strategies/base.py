@@ -94,6 +94,28 @@ class Strategy:
         return self.group.num_replicas
 
     @property
+    def client(self) -> Any:
+        """The distributed.Client that reaches this strategy's replicas (None: they run in
+        this process)."""
+        return None
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard of the cluster this strategy started (None: none)."""
+        return None
+
+    @property
+    def local_steps(self) -> int | None:
+        """Steps each replica takes on its own between synchronisations (None: every step;
+        only mirrored strategies train with local SGD / DiLoCo)."""
+        return None
+
+    @property
+    def outer_optimizer(self) -> Any:
+        """Local SGD / DiLoCo's outer optimizer (None: none)."""
+        return None
+
+    @property
     def id(self) -> str:
         """A key unique to this strategy: its variables keep it (`Variable.strategy_id`) to
         find it again (`context.lookup`)."""

@@ -10,10 +10,10 @@ from labdist.collectives import registry
 from labdist.devices import DEVICES
 from labdist.quorum import fit as quorum
 from labdist.strategies.base import Strategy
-from labdist.strategies.communication_modes import CommunicationModes
+from labdist.strategies.communication_modes import CommunicationModes, parse_modes
 
 
-class MirroredStrategy(CommunicationModes, Strategy):
+class MirroredStrategy(Strategy):
     """One replica per Dask worker; variables mirrored on every replica.
 
     num_replicas: replicas (None: one per GPU if there are GPUs, else 2 for an embedded
@@ -55,7 +55,7 @@ class MirroredStrategy(CommunicationModes, Strategy):
                  outer_optimizer: Any = None, fault_tolerance: str = "none",
                  min_replicas: int = 1, _knob: tuple[str, str] | None = None):
         num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
-        modes = self._init_communication(compression, local_steps, outer_optimizer)
+        modes = parse_modes(compression, local_steps, outer_optimizer)
         if fault_tolerance not in quorum.FAULT_TOLERANCE:
             checks.refuse("fault_tolerance", fault_tolerance,
                           " or ".join(repr(f) for f in quorum.FAULT_TOLERANCE))
@@ -77,9 +77,9 @@ class MirroredStrategy(CommunicationModes, Strategy):
         super().__init__(DaskReplicaGroup(num_replicas, cluster, device, float(collective_timeout),
                                           float(connect_timeout), security, transport,
                                           _knob))
-        self._compressor, self._local_sgd = modes
+        self._modes = CommunicationModes(self.run, self.experimental_local_results, modes)
         try:
-            self._send_communication()
+            self._modes.send()
         except BaseException:  # no strategy to hand back: release what it started
             self.close()
             raise
@@ -93,7 +93,43 @@ class MirroredStrategy(CommunicationModes, Strategy):
                                           num_replicas))
 
     def _on_new_group(self) -> None:
-        self._send_communication()  # new replicas start without the modes
+        self._modes.send()  # new replicas start without the modes
+
+    # -- less communication (strategies/communication_modes.py) ---------------------------
+    @property
+    def compression(self) -> Any:
+        """The gradient all-reduce's compressor (None: plain). Settable between steps:
+        'none', 'fp16', 'bf16', or `ld.compression.TopK(ratio)` / `PowerSGD(rank)` / ...;
+        error-feedback residuals carry over a change, so no gradient is lost."""
+        return self._modes.compressor
+
+    @compression.setter
+    def compression(self, value: Any) -> None:
+        self._modes.set_compression(value)
+
+    @property
+    def local_steps(self) -> int | None:
+        """Steps each replica takes on its own between synchronisations (None: every step)."""
+        return None if self._modes.local_sgd is None else self._modes.local_sgd.local_steps
+
+    @property
+    def outer_optimizer(self) -> Any:
+        """The optimizer applying the averaged pseudo-gradient (None: plain averaging)."""
+        local_sgd = self._modes.local_sgd
+        return None if local_sgd is None else local_sgd.outer_optimizer
+
+    def set_local_sgd(self, local_steps: int | None, outer_optimizer: Any = None) -> None:
+        """Switch local SGD / DiLoCo on (`local_steps=H`), change it, or off (None), at the
+        next step boundary. Turning it off closes a round in progress with its outer step
+        first; a new H applies to the round in progress (it closes once H steps are done)."""
+        self._modes.set_local_sgd(local_steps, outer_optimizer)
+
+    def communication_stats(self) -> list[dict[str, Any]]:
+        """Per replica: `bytes_sent` (array bytes sent to peers by every collective so far),
+        `compressed_reductions`, `residual_norm` (error feedback's), `inner_steps`,
+        `outer_steps` and `synced_steps` (updates applied locally, rounds closed, steps
+        all-reduced)."""
+        return self._modes.stats()
 
     @property
     def workers(self) -> list[str]:

@@ -50,7 +50,7 @@ def build(optimizer, variables) -> None:
         optimizer.iterations = Variable(np.zeros((), np.int64), trainable=False,
                                         aggregation="ONLY_FIRST_REPLICA", name="iterations")
     strategy = context.get_strategy()
-    if getattr(strategy, "local_steps", None) is not None:  # local SGD / DiLoCo's state
+    if strategy.local_steps is not None:  # local SGD / DiLoCo's state
         if optimizer.outer is None or optimizer.outer.ids != [v.id for v in variables]:
             optimizer.outer = diloco.OuterVariables(variables, strategy.outer_optimizer)
         else:

@@ -109,7 +109,7 @@ class Sequential:
     def _ensure_outer(self) -> None:
         """Local SGD / DiLoCo's anchors and outer-optimizer slots, once the strategy has
         local_steps set (kept after it is turned off: checkpoints and a round still open)."""
-        if getattr(self._strategy, "local_steps", None) is None:
+        if self._strategy.local_steps is None:
             return
         with self._strategy.scope():
             if self._outer is None:
