@@ -59,8 +59,11 @@ def fraction(name: str, value: Any) -> float:
 
 
 def integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None,
-            *, optional: bool = False) -> int | None:
-    """An int (Python or numpy, not bool) in [minimum, maximum]; None too where `optional`."""
+            *, optional: bool = False, meaning: str = "",
+            error: type[Exception] = ValueError) -> int | None:
+    """An int (Python or numpy, not bool) in [minimum, maximum]; None too where `optional`.
+    `meaning` says in the refusal what the number counts; `error`: TypeError where only the
+    type is checked (an axis)."""
     if value is None and optional:
         return None
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -74,7 +77,8 @@ def integer(name: str, value: Any, minimum: int | None = None, maximum: int | No
             allowed += f" >= {minimum}"
         elif maximum is not None:
             allowed += f" <= {maximum}"
-        refuse(name, value, allowed + (" or None" if optional else ""))
+        allowed += " or None" if optional else ""
+        refuse(name, value, allowed + (f" ({meaning})" if meaning else ""), error)
     return int(value)
 
 

@@ -116,8 +116,7 @@ def _skewed_inputs(rng, n, d, num_replicas, global_batch_size, skew):
 
     for name, value in (("n_samples", n), ("n_features", d), ("num_replicas", num_replicas),
                         ("global_batch_size", global_batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+        checks.integer(name, value, 1)
     checks.number("skew", skew)
     checks.array_bytes("the data set", (n, d), 8)
     x = rng.normal(size=(n, d))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import checks, nest
 from labdist.errors import OutOfRangeError
 from labdist.shm import placed
 from labdist.shm.placed import PlacedArray, ScatteredArray
@@ -250,9 +250,7 @@ class InputContext:
 
     def get_per_replica_batch_size(self, global_batch_size: int) -> int:
         """`global_batch_size` / `num_replicas_in_sync` (it must divide evenly, as in TF)."""
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size,
-                                                                 int | np.integer):
-            raise TypeError(f"global_batch_size={global_batch_size!r} must be an integer")
+        checks.integer("global_batch_size", global_batch_size, error=TypeError)
         if global_batch_size % self.num_replicas_in_sync:
             raise ValueError(f"global_batch_size={global_batch_size} is not divisible by "
                              f"num_replicas_in_sync={self.num_replicas_in_sync}")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import checks, nest
 from labdist.data.distributed import DistributedIterator, InputContext
 from labdist.enums import InputReplicationMode
 from labdist.values import PerReplica
@@ -60,9 +60,7 @@ class InputOptions:
             if value is not None and not isinstance(value, bool):
                 raise TypeError(f"{name}={value!r} must be True, False or None")
         size = self.experimental_per_replica_buffer_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"experimental_per_replica_buffer_size={size!r} must be a "
-                             "positive integer")
+        checks.integer("experimental_per_replica_buffer_size", size, 1)
 
 
 def declares_drop_remainder(pipeline: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import aggregation, nest
+from labdist import aggregation, checks, nest
 from labdist.collectives import all_gather, all_reduce
 from labdist.collectives.algorithms import gather_segments, reduce_scatter_apply
 from labdist.collectives.compressed import compressed_sum
@@ -101,8 +101,7 @@ class ReplicaContext:
         """Every replica's `value` (a nested structure of arrays) concatenated along `axis`,
         in replica order, on every replica (TF's `ReplicaContext.all_gather`). Travels through
         the host: meant for small values (predictions, labels, metrics)."""
-        if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
-            raise TypeError(f"axis={axis!r} must be an integer")
+        checks.integer("axis", axis, error=TypeError)
         leaves, treedef = nest.flatten(value)
         backend = self._replica.backend
         host = [np.asarray(backend.to_host(self._as_array(v))) for v in leaves]

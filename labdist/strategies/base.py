@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from labdist import context, nest, shipping
+from labdist import checks, context, nest, shipping
 from labdist.cluster.reaper import Lifetime
 from labdist.data.dataset_placement import DatasetPlacement
 from labdist.data.distributed import DistributedDataset, InputContext, shard_group
@@ -182,9 +182,7 @@ class Strategy:
         if worker_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
         shipping.check_call(fn, args, kwargs)
-        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-            raise ValueError(f"steps={steps!r} must be a positive integer (the number of "
-                             "steps this call runs)")
+        steps = checks.integer("steps", steps, 1, meaning="the number of steps this call runs")
         with phases.driving():  # the driver's part of the step: `driver` spans (phases.py)
             with self._lock:
                 if self._running:
@@ -293,8 +291,7 @@ class Strategy:
         a value that is not distributed is returned as it is."""
         if worker_context.current() is not None:
             raise cross_replica_error("gather")
-        if isinstance(axis, bool) or not isinstance(axis, int | np.integer):
-            raise TypeError(f"axis={axis!r} must be an integer")
+        checks.integer("axis", axis, error=TypeError)
 
         def one(x):
             if not isinstance(x, PerReplica | Variable):
@@ -322,8 +319,7 @@ class Strategy:
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduce a per-replica value (or a structure of them) to one host value."""
         op = ReduceOp.parse(reduce_op, "reduce_op")
-        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int | np.integer)):
-            raise TypeError(f"axis={axis!r} is not allowed; use None or an integer")
+        checks.integer("axis", axis, optional=True, error=TypeError)
         if worker_context.current() is not None:
             raise cross_replica_error("reduce")
         n = self.num_replicas_in_sync

@@ -23,6 +23,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any
 
+from labdist import checks
+
 PHASES = ("compute", "wait", "comm", "apply", "pull", "push", "lock", "input", "driver")
 STEP = "step"  # the span a step's phases lie in (its remainder is `compute`)
 DRIVER = "driver"  # the driver's own part of its steps (`DriverTurn`)
@@ -273,8 +275,7 @@ def clock() -> float:
 def set_capacity(spans: int) -> int:
     """Keep the last `spans` spans in this process from now on (the most recent ones carry
     over); returns the previous capacity."""
-    if isinstance(spans, bool) or not isinstance(spans, int) or spans < 1:
-        raise ValueError(f"spans={spans!r} is not allowed; use an int >= 1")
+    checks.integer("spans", spans, 1)
     previous = RECORDER.spans.maxlen or CAPACITY
     RECORDER.spans = deque(RECORDER.spans, maxlen=spans)
     return previous

@@ -48,9 +48,8 @@ class BackupAndRestore(Callback):
         if not isinstance(backup_dir, str | os.PathLike) or not str(backup_dir):
             raise TypeError(f"backup_dir={backup_dir!r} must be a non-empty path (str or "
                             "os.PathLike)")
-        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
-            raise ValueError(f"max_to_keep={max_to_keep!r} must be an integer >= 1 (how many "
-                             "of the last checkpoints stay in backup_dir)")
+        checks.integer("max_to_keep", max_to_keep, 1,
+                       meaning="how many of the last checkpoints stay in backup_dir")
         self.backup_dir = Path(backup_dir)
         self.max_to_keep = max_to_keep
         self._state: dict | None = None
@@ -250,9 +249,8 @@ class EarlyStopping(Callback):
     def __init__(self, monitor: str = "val_loss", min_delta: float = 0, patience: int = 0,
                  verbose: int = 0, mode: str = "auto", baseline: float | None = None,
                  restore_best_weights: bool = False, start_from_epoch: int = 0):
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"patience={patience!r} must be an integer >= 0 (epochs without "
-                             "improvement before stopping)")
+        checks.integer("patience", patience, 0,
+                       meaning="epochs without improvement before stopping")
         checks.number("min_delta", min_delta)
         self.monitor = _check_monitor(monitor)
         self.monitor_op = _monitor_op(monitor, mode)

@@ -337,9 +337,7 @@ def _per_replica(values: list) -> Any:
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return int(value)
+    return checks.integer(name, value, 1)
 
 
 def _call(callback, hook: str, *args) -> Any:

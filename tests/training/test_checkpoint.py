@@ -539,7 +539,7 @@ def test_a_damaged_backup_is_refused_and_the_model_is_unchanged(case, tmp_path):
 
 
 @pytest.mark.parametrize(("kwargs", "error", "says"), [
-    ({"max_to_keep": 0}, ValueError, "max_to_keep=0 must be an integer >= 1"),
+    ({"max_to_keep": 0}, ValueError, r"max_to_keep=0 is not allowed; use an integer >= 1 \(how"),
     ({"max_to_keep": True}, ValueError, "max_to_keep=True"),
     ({"max_to_keep": "2"}, ValueError, "max_to_keep='2'"),
     ({"backup_dir": ""}, TypeError, "backup_dir='' must be a non-empty path"),
