@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from labdist.replica import replica_context as worker_context
+from labdist.replica import replica_context
 from labdist.replica.replica_context import ReplicaContext
 
 # A strategies.base.Strategy. Named, not imported: the strategies import this module, and
@@ -86,7 +86,7 @@ def scoped_strategy() -> Strategy | None:
 
 def get_strategy() -> Strategy:
     """The strategy in scope on the driver, else the default (single-replica) strategy."""
-    if worker_context.current() is not None:
+    if replica_context.current() is not None:
         raise RuntimeError(
             "get_strategy() is not available inside a step function on a worker: use "
             "get_replica_context().num_replicas_in_sync, or pass what you need as arguments"
@@ -96,17 +96,17 @@ def get_strategy() -> Strategy:
 
 def has_strategy() -> bool:
     """True inside a (non-default) strategy's scope or step function."""
-    return worker_context.current() is not None or scoped_strategy() is not None
+    return replica_context.current() is not None or scoped_strategy() is not None
 
 
 def in_cross_replica_context() -> bool:
-    return worker_context.current() is None and scoped_strategy() is not None
+    return replica_context.current() is None and scoped_strategy() is not None
 
 
 def get_replica_context() -> ReplicaContext | None:
     """The replica context inside `strategy.run`; None in cross-replica context (inside
     `strategy.scope()` on the driver); the default replica context with no strategy."""
-    ctx = worker_context.current()
+    ctx = replica_context.current()
     if ctx is not None:
         return ctx if ctx.mode == "replica" else None
     if scoped_strategy() is not None:

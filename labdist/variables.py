@@ -19,7 +19,7 @@ from labdist import aggregation as table
 from labdist import checks, context, shipping
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
-from labdist.replica import replica_context as worker_context
+from labdist.replica import replica_context
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
@@ -43,7 +43,7 @@ class Variable(NDArrayOperatorsMixin):
         synchronization: VariableSynchronization | str = Sync.AUTO,
         aggregation: VariableAggregation | str = Agg.NONE,
     ):
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise ValueError(
                 "variables are created under strategy.scope() on the driver, not inside "
                 "strategy.run: create it before the step and pass it in (or close over it)"
@@ -168,7 +168,7 @@ class Variable(NDArrayOperatorsMixin):
         return result if read_value else None
 
     def _context(self):
-        ctx = worker_context.current()
+        ctx = replica_context.current()
         if ctx is not None:
             return ctx
         strategy = context.lookup(self._strategy_id)

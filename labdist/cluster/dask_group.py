@@ -118,7 +118,7 @@ class DaskReplicaGroup(ActorGroup):
         if failed:
             return failed
         root: tuple = ()  # NCCL: rank 0 alone makes the unique id, every rank joins with it
-        if hasattr(registry.TRANSPORTS[name], "bootstrap"):
+        if registry.TRANSPORTS[name].bootstraps:
             root = (self._sync(self._all, "transport_bootstrap", [(name, probes)], [0])[0],)
         reached = self._sync(self._all, "transport_connect", [(name, probes, *root)] * n)
         return [r for r, ok in enumerate(reached) if not ok]

@@ -17,7 +17,7 @@ from labdist.cluster import capacity, reaper, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
-from labdist.shm import doorbell as shm_wake
+from labdist.shm import doorbell
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
 MALLOC_TRIM = 1 << 30  # bytes free at the top of a heap before glibc hands them back
@@ -42,7 +42,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
             f"num_replicas={n_workers} but {len(gpus)} GPU(s) are visible "
             f"(CUDA_VISIBLE_DEVICES entries {', '.join(gpus)}): each replica needs a GPU of "
             f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
-    shm_wake.spin_seconds()  # a bad LABDIST_SPIN_US fails here, before any worker starts
+    doorbell.spin_seconds()  # a bad LABDIST_SPIN_US fails here, before any worker starts
     threads.export(n_workers)  # BLAS threads: the cores split among the replicas
     # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=64 KiB, which makes numpy temporaries ~2x
     # slower; glibc's own trimming still hands a step's freed temporaries back to the kernel,

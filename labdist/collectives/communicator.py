@@ -78,7 +78,7 @@ class Communicator:
             got = self.host.exchange(seq, phase, sig, payload, what, per_peer, senders, readers)
         else:
             got = self.host.exchange(seq, phase, sig, payload, what, per_peer)
-        arrived = getattr(self.host, "last_arrival", None)
+        arrived = self.host.last_arrival
         if network.CURRENT is not None:  # a modelled link: the data moves no faster than it
             network.delay(sent, phases.now() - max(arrived or start, start))
         phases.RECORDER.collective(start, arrived, phases.now(),
@@ -162,7 +162,8 @@ def _array_bytes(x: Any) -> int:
 class SoloTransport:
     """The one-replica group: nothing to send, so every exchange returns our own message."""
 
-    name, layer, requirement, alone = "solo", HOST, "one replica", True
+    name, layer, requirement, alone, bootstraps = "solo", HOST, "one replica", True, False
+    last_arrival = None  # no peers: nothing arrives
 
     def probe(self) -> int:
         return 0

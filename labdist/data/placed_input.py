@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from labdist.data import dataset_placement
-from labdist.shm import janitor as shm_janitor
-from labdist.shm import placed
+from labdist.shm import janitor, placed
 
 
 @contextlib.contextmanager
@@ -37,7 +36,7 @@ def placed_arrays(strategy: Any, x: np.ndarray, y: np.ndarray) -> Iterator[tuple
     if not placed.enabled():
         yield x, y
         return
-    shm_janitor.ensure(placed.SHM_DIR)  # removes the files if this process is killed
+    janitor.ensure(placed.SHM_DIR)  # removes the files if this process is killed
     for in_shm in (True, False):  # one host, else Dask's scatter
         arrays = KEPT.take([x, y]) if in_shm else strategy.scatter_input([x, y])
         if arrays is None:

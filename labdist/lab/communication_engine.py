@@ -10,7 +10,7 @@ import numpy as np
 
 from labdist.collectives import compression
 from labdist.enums import VariableAggregation as Agg
-from labdist.lab import replica_steps as steps
+from labdist.lab import replica_steps
 from labdist.lab.config import RunConfig
 from labdist.training import optimizers
 from labdist.training.trainer import diloco
@@ -57,7 +57,7 @@ class Modes:
         self._variables = variables
         self.outer = self._outers.get(id(variables))
         if self.outer is not None:
-            self.strategy.run(steps.reset_round, args=(self.outer,))
+            self.strategy.run(replica_steps.reset_round, args=(self.outer,))
         self._owed = False
         self.configure(config)
 
@@ -65,7 +65,7 @@ class Modes:
         """The lab's start and reset: forget what the modes carried from before (residuals owed,
         warm-start factors, DiLoCo's rounds and outer momentum), as the values go back to
         their start. The settings stay."""
-        self.strategy.run(steps.fresh_communication, args=(list(self._outers.values()),))
+        self.strategy.run(replica_steps.fresh_communication, args=(list(self._outers.values()),))
         self._owed = False
 
     def configure(self, config: RunConfig) -> None:
@@ -92,14 +92,14 @@ class Modes:
     def settle(self, config: RunConfig, variables: dict[str, Any]) -> list[np.ndarray] | None:
         """The copies of `variables` are about to move (a switch of kind, synchronization or
         aggregation): turn the modes off and run one closing step that ends a DiLoCo round
-        in progress with its outer step and sends the residuals owed (`steps.closing_step`,
+        in progress with its outer step and sends the residuals owed (`replica_steps.closing_step`,
         with `config`'s learning rate), so no update is lost or applied twice. Returns every
         replica's copy after it (None: nothing was open)."""
         if not self.active:
             return None
         self.close()
         args = (variables, self.outer, config.learning_rate, config.aggregation is Agg.MEAN)
-        copies = self.strategy.run_transaction(steps.closing_step, lambda n: args)
+        copies = self.strategy.run_transaction(replica_steps.closing_step, lambda n: args)
         self._owed = False
         return [np.array(c, np.float64) for c in copies]
 

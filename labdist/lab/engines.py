@@ -25,8 +25,7 @@ import numpy as np
 from labdist.data.distributed import shard
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
-from labdist.lab import communication_engine as communication_modes
-from labdist.lab import replica_steps as steps
+from labdist.lab import communication_engine, replica_steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
 from labdist.quorum.fit import MembershipChange
@@ -93,7 +92,7 @@ class MirroredEngine:
         self._changes: list[tuple[MembershipChange, list[str]]] = []
         self._workers = list(strategy.workers)
         self._stop_listening = strategy.add_membership_listener(self._heard)
-        self.modes = communication_modes.Modes(strategy)
+        self.modes = communication_engine.Modes(strategy)
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -115,7 +114,7 @@ class MirroredEngine:
         variables = self._variables(config.synchronization, config.aggregation)
         values = [self.spec.unflatten(c) for c in copies]
         first = next(iter(variables.values()))
-        self.strategy.extended.update(first, steps.assign_copies,
+        self.strategy.extended.update(first, replica_steps.assign_copies,
                                       args=(variables, PerReplica(values)))
         self.variables = variables
         self._latest = [np.array(c, np.float64) for c in copies]
@@ -150,7 +149,7 @@ class MirroredEngine:
             return (self.variables, self.model, xs, ys, config.learning_rate, config.skew,
                     waits, average)
 
-        fn = steps.communicating_step if communicating else steps.mirrored_step
+        fn = replica_steps.communicating_step if communicating else replica_steps.mirrored_step
         if self.quorum:  # one transaction over the replicas alive (quorum/fit.py)
             columns = list(zip(*self.strategy.run_transaction(fn, args_for, step - 1),
                                strict=True))

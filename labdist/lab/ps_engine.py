@@ -27,7 +27,7 @@ import numpy as np
 
 from labdist.data.distributed import shard_bounds
 from labdist.enums import VariableAggregation
-from labdist.lab import replica_steps as steps
+from labdist.lab import replica_steps
 from labdist.lab.config import Kind, RunConfig
 from labdist.lab.engines import StepRecord
 from labdist.lab.models import LabModel, ParamSpec
@@ -102,10 +102,10 @@ class ParameterServerEngine:
         args = (self.variable, self.spec, self.model, x, y, bounds, config.learning_rate,
                 config.skew)
         if self.kind is Kind.PS_SYNC:  # a round: every worker's push meets at the barrier
-            values = [self.coordinator.schedule(steps.ps_step, args=args)
+            values = [self.coordinator.schedule(replica_steps.ps_step, args=args)
                       for _ in range(self.num_replicas)]
             return [self._round(self._fetch(values))]
-        self._in_flight.append(self.coordinator.schedule(steps.ps_step, args=args))
+        self._in_flight.append(self.coordinator.schedule(replica_steps.ps_step, args=args))
         while len(self._in_flight) >= self.num_replicas + AHEAD \
                 and not any(v.done() for v in self._in_flight):
             time.sleep(POLL_S)

@@ -24,8 +24,7 @@ from labdist.parameter_server.counters import StoreCounters
 from labdist.parameter_server.shm_server import ShmServer
 from labdist.parameter_server.ssp import StalenessBound
 from labdist.parameter_server.sync import ACCEPTED, COMPLETE, DUPLICATE, STALE, SyncReplicas
-from labdist.timing import phases
-from labdist.timing import prometheus as metrics
+from labdist.timing import phases, prometheus
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
 INLINE_READ_ELEMENTS = 1 << 20  # reads up to this many elements (4 MB of float32) skip the pool
@@ -47,7 +46,7 @@ class ParameterStore:
         self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
         self.chunk_delay = 0.0
         self.counters = StoreCounters()
-        metrics.register(self)  # its counters on this worker's /metrics
+        prometheus.register(self)  # its counters on this worker's /metrics
         self.clock = 0  # pushes applied here (async): what staleness is measured in
         self._clock_lock = threading.Lock()
         self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"

@@ -20,7 +20,7 @@ from labdist.parameter_server.fit import train_model_steps
 from labdist.parameter_server.push_compression import PushCompressionModes
 from labdist.parameter_server.stats import ParameterServerStats
 from labdist.parameter_server.worker_context import WorkerStrategy
-from labdist.replica import replica_context as worker_context
+from labdist.replica import replica_context
 from labdist.strategies.base import Strategy
 from labdist.variables import Variable
 
@@ -210,7 +210,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         (one replica: num_replicas_in_sync is 1). Use a ClusterCoordinator to run many
         functions at once."""
         self._check_open()
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
         if not isinstance(args, tuple | list):
             raise TypeError(f"args={args!r} must be a tuple of positional arguments")

@@ -32,8 +32,7 @@ from labdist.parameter_server.shm_client import ShmPaths
 from labdist.parameter_server.worker_context import Retry, WorkerContext
 from labdist.replica.replica_context import enter
 from labdist.shipping import picklable_error
-from labdist.timing import phases
-from labdist.timing import prometheus as metrics
+from labdist.timing import phases, prometheus
 from labdist.timing.step_report import StepLog, StepReporter
 
 # A parameter server that refuses connections this long is gone (Dask's default retries 30 s).
@@ -89,7 +88,7 @@ class ParameterServerWorker:
         # round): the next is queued on that thread, which takes it without a wake-up
         self._submitted: tuple[str, int] = ("", -1)  # (coordinator, the last order queued)
         self._held: dict[tuple[str, int], asyncio.Future] = {}  # arrived before their turn
-        metrics.register()  # steps and phases on this worker's /metrics
+        prometheus.register()  # steps and phases on this worker's /metrics
         self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
                              self._dask_calls, self._probe)
         self.compression = PushCompression()  # its pushes' compressor and residuals

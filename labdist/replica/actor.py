@@ -42,8 +42,7 @@ from labdist.replica.step_event import (
 from labdist.replica.transport_choice import TransportChoice
 from labdist.shipping import picklable_error
 from labdist.shm import placed
-from labdist.timing import phases
-from labdist.timing import prometheus as metrics
+from labdist.timing import phases, prometheus
 from labdist.timing.step_report import StepLog, StepReporter
 
 __all__ = ["Replica", "ReplicaCore", "StepEvent"]
@@ -270,7 +269,7 @@ class Replica:
         self.core = ReplicaCore(rank, len(peers), backend, comm, step_log=StepLog())
         self._transports = TransportChoice(comm)
         self._quorum = QuorumSide(self.core, self.where)
-        metrics.register()  # steps and phases on this worker's /metrics
+        prometheus.register()  # steps and phases on this worker's /metrics
         self._fns = LoadedFunctions()
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._reporter = StepReporter(worker, self.core.steps, group, rank,

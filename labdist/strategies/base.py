@@ -28,7 +28,7 @@ from labdist.enums import InputReplicationMode, ReduceOp
 from labdist.errors import (
     ReplicaLostError,
 )
-from labdist.replica import replica_context as worker_context
+from labdist.replica import replica_context
 from labdist.replica.captured_strategy import CapturedStrategy, cross_replica_error
 from labdist.strategies import failures, regroup
 from labdist.strategies.extended import StrategyExtended
@@ -163,7 +163,7 @@ class Strategy:
     def _replicas_lock(self):
         """The lock for a call that talks to the replicas. A step running in this process (a
         OneDeviceStrategy's) does not take it: its run, on the driver's thread, holds it."""
-        return contextlib.nullcontext() if worker_context.current() is not None else self._lock
+        return contextlib.nullcontext() if replica_context.current() is not None else self._lock
 
     # -- running steps ----------------------------------------------------------------------
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, *,
@@ -179,7 +179,7 @@ class Strategy:
         leaf that is None on every replica as None, and a variable as the variable itself.
         """
         self._check_open()
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise RuntimeError("strategy.run cannot be called inside a step function")
         shipping.check_call(fn, args, kwargs)
         steps = checks.integer("steps", steps, 1, meaning="the number of steps this call runs")
@@ -289,7 +289,7 @@ class Strategy:
         structure of them) along `axis` into one host array, in replica order (TF's
         `Strategy.gather`). Components need rank >= 1 and equal shapes except along `axis`;
         a value that is not distributed is returned as it is."""
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise cross_replica_error("gather")
         checks.integer("axis", axis, error=TypeError)
 
@@ -320,7 +320,7 @@ class Strategy:
         """Reduce a per-replica value (or a structure of them) to one host value."""
         op = ReduceOp.parse(reduce_op, "reduce_op")
         checks.integer("axis", axis, optional=True, error=TypeError)
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise cross_replica_error("reduce")
         n = self.num_replicas_in_sync
 

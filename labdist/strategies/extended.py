@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from labdist.replica import replica_context as worker_context
+from labdist.replica import replica_context
 from labdist.variables import Variable
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class StrategyExtended:
         """
         s = self._strategy
         s._check_open()
-        if worker_context.current() is not None:
+        if replica_context.current() is not None:
             raise RuntimeError("extended.update is a cross-replica call: use it in merge_call")
         if not isinstance(var, Variable) or var.strategy_id != s.id:
             raise ValueError(f"var={var!r} is not a variable of {s!r}")

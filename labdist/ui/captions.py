@@ -4,7 +4,7 @@ a newcomer can read the panel without the docs. Rewritten on every mode switch."
 from __future__ import annotations
 
 from labdist.lab.config import Kind, RunConfig
-from labdist.ui import communication_controls as communication
+from labdist.ui import communication_controls
 
 TORN = ("torn read: a worker read the parameters while an update was half applied (w from "
         "after it, b from before)")
@@ -68,4 +68,4 @@ def captions(config: RunConfig) -> dict[str, str]:
                          "PS: workers pull, compute and push; nobody waits for a peer"
                          if config.kind.ps_mode == "async" else
                          "PS sync: workers wait at the barrier for the slowest push"),
-            **communication.captions(config)}
+            **communication_controls.captions(config)}

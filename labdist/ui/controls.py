@@ -11,8 +11,7 @@ from collections.abc import Callable, Collection
 import ipywidgets as w
 
 from labdist.lab.config import AGGREGATIONS, Kind, RunConfig
-from labdist.ui import communication_controls as communication
-from labdist.ui import network_controls
+from labdist.ui import communication_controls, network_controls
 
 KIND_OPTIONS = [(k.label, k.value) for k in Kind]
 AGG_LABELS = {"ONLY_FIRST_REPLICA": "FIRST"}
@@ -89,7 +88,7 @@ class Controls:
             b.add_class(f"labdist-{label}")
         self.buttons["run"].button_style = "success"
         self._bind()
-        self.communication = communication.Controls(self._changed, self._quiet)
+        self.communication = communication_controls.Controls(self._changed, self._quiet)
         self.network = network_controls.Controls(
             lambda **changes: self._safely(lambda: self.lab.set(**changes)), self._quiet)
         self.sync(lab.config)

@@ -10,7 +10,7 @@ import html
 import ipywidgets as w
 
 from labdist.lab.config import Kind, RunConfig
-from labdist.ui import communication_controls as communication
+from labdist.ui import communication_controls
 from labdist.ui.controls import Controls
 from labdist.ui.event_log import EventLog
 from labdist.ui.histogram import Histogram
@@ -60,7 +60,7 @@ def make_charts(lab) -> dict:
         charts["plane"] = ParameterPlane(
             title=f"parameter plane: each replica's path over the loss ({a}, {b})",
             x_label=a, y_label=b, series=replicas, height=260)
-    charts.update(communication.make_charts(lab))
+    charts.update(communication_controls.make_charts(lab))
     for name, chart in charts.items():
         chart.add_class("labdist-" + name.replace(":", "-").replace("[", "-").replace("]", ""))
     return charts

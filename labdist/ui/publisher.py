@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from labdist.lab.config import describe_setting
-from labdist.ui import communication_controls as communication
+from labdist.ui import communication_controls
 from labdist.ui.captions import captions
 
 RATE_HZ = 20
@@ -52,7 +52,7 @@ class Publisher:
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
-        self._communication = communication.Feed(charts, lab.num_replicas) \
+        self._communication = communication_controls.Feed(charts, lab.num_replicas) \
             if "outer" in charts else None
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)

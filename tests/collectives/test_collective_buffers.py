@@ -22,7 +22,7 @@ from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.loopback import LoopbackHub
 from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
-from labdist.shm import doorbell as shm_wake
+from labdist.shm import doorbell
 
 LARGE = DIRECT_MAX_BYTES // 4 + 1001  # float32 elements: segmented
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
@@ -177,7 +177,7 @@ def test_without_fifos_waits_poll_the_stamp(monkeypatch):
     """Where no FIFO can be made, exchanges still complete (waits sleep-poll the stamp)."""
     def refuse(*args, **kwargs):
         raise PermissionError("no FIFOs here")
-    monkeypatch.setattr(shm_wake.os, "mkfifo", refuse)
+    monkeypatch.setattr(doorbell.os, "mkfifo", refuse)
     ranks = _pair(secrets.token_hex(8))
     try:
         assert all(t._bell.path is None for t in ranks)
@@ -191,16 +191,16 @@ def test_without_fifos_waits_poll_the_stamp(monkeypatch):
 def _waits_that_slept(monkeypatch, spin_us: str, late_s: float, cores: int | None = None
                       ) -> tuple[int, float]:
     """How often rank 0 slept in poll() waiting for a peer `late_s` late, and its CPU s."""
-    monkeypatch.setenv(shm_wake.SPIN_ENV, spin_us)
+    monkeypatch.setenv(doorbell.SPIN_ENV, spin_us)
     if cores is not None:
         monkeypatch.setattr(shm, "_cores", lambda: cores)
     slept = []
-    real_wait = shm_wake.Doorbell.wait
+    real_wait = doorbell.Doorbell.wait
 
     def wait(self, pause):
         slept.append(threading.get_ident())
         return real_wait(self, pause)
-    monkeypatch.setattr(shm_wake.Doorbell, "wait", wait)
+    monkeypatch.setattr(doorbell.Doorbell, "wait", wait)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)  # both ranks are threads here: let the late one take the GIL
     ranks = _pair(secrets.token_hex(8))
@@ -234,19 +234,19 @@ def test_ranks_outnumbering_cores_never_spin(monkeypatch):
 
 @pytest.mark.parametrize("value", ["abc", "-1", "10001", "1.5"])
 def test_a_bad_spin_setting_is_refused_naming_it(monkeypatch, value):
-    monkeypatch.setenv(shm_wake.SPIN_ENV, value)
+    monkeypatch.setenv(doorbell.SPIN_ENV, value)
     with pytest.raises(ValueError, match=rf"LABDIST_SPIN_US='{re.escape(value)}' is not "
                                          r"allowed; use an integer from 0"):
-        shm_wake.spin_seconds()
+        doorbell.spin_seconds()
     with pytest.raises(ValueError, match="LABDIST_SPIN_US"):  # before any worker starts
         ld.MirroredStrategy(num_replicas=2)
 
 
 def test_the_spin_setting_defaults_and_turns_off(monkeypatch):
-    monkeypatch.delenv(shm_wake.SPIN_ENV, raising=False)
-    assert shm_wake.spin_seconds() == shm_wake.SPIN_US * 1e-6
-    monkeypatch.setenv(shm_wake.SPIN_ENV, " 0 ")
-    assert shm_wake.spin_seconds() == 0.0
+    monkeypatch.delenv(doorbell.SPIN_ENV, raising=False)
+    assert doorbell.spin_seconds() == doorbell.SPIN_US * 1e-6
+    monkeypatch.setenv(doorbell.SPIN_ENV, " 0 ")
+    assert doorbell.spin_seconds() == 0.0
 
 
 def _blas_threads() -> dict:
@@ -283,6 +283,6 @@ def _spin_of_each_replica():
 def test_a_groups_replicas_spin_only_where_they_do_not_outnumber_the_cores(replicas, request):
     strategy = request.getfixturevalue(f"mirrored{replicas}")
     cores = len(os.sched_getaffinity(0))
-    expected = shm_wake.SPIN_US * 1e-6 if replicas <= cores else 0.0
+    expected = doorbell.SPIN_US * 1e-6 if replicas <= cores else 0.0
     got = strategy.experimental_local_results(strategy.run(_spin_of_each_replica))
     assert list(got) == [expected] * replicas

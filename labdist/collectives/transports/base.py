@@ -49,6 +49,9 @@ class Transport(Protocol):
     layer: ClassVar[str]  # HOST or DEVICE
     requirement: ClassVar[str]
     alone: ClassVar[bool]  # naming it turns the other layers off ("tcp": Dask comms only)
+    # rank 0 sets the group up first: `bootstrap(probes)`, called there alone after every
+    # probe, returns every rank's second argument to `connect` (NCCL's unique id)
+    bootstraps: ClassVar[bool]
 
     def __init__(self, endpoint: Endpoint) -> None: ...
 
@@ -65,6 +68,10 @@ class Transport(Protocol):
 class HostTransport(Transport, Protocol):
     """Moves the messages of every collective, in rank order."""
 
+    # when the last peer's message of the latest exchange arrived (time.time()), for the
+    # recorded wait (timing/phases.py); None where the transport cannot tell
+    last_arrival: float | None
+
     def start_run(self, run: int) -> None:
         """A step begins: its messages are keyed by `run`."""
 
@@ -76,9 +83,7 @@ class HostTransport(Transport, Protocol):
 
 
 class DeviceTransport(Transport, Protocol):
-    """Reduces device arrays without a trip through the host. A transport that needs one
-    rank to set the group up (NCCL's unique id) adds `bootstrap(probes)`: called on rank 0
-    only, after every probe; its result is every rank's second argument to `connect`."""
+    """Reduces device arrays without a trip through the host."""
 
     broken: str | None  # why it can no longer be used (travels with each call's signature)
 

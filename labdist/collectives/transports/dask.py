@@ -20,6 +20,8 @@ class DaskTransport:
     layer: ClassVar[str] = HOST
     requirement: ClassVar[str] = "Dask comms between the replicas' workers"
     alone: ClassVar[bool] = True
+    bootstraps: ClassVar[bool] = False
+    last_arrival: float | None = None
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint

@@ -80,6 +80,8 @@ class LoopbackTransport:
     layer: ClassVar[str] = HOST
     requirement: ClassVar[str] = "every rank in this process"
     alone: ClassVar[bool] = True
+    bootstraps: ClassVar[bool] = False
+    last_arrival: float | None = None
 
     def __init__(self, endpoint: Endpoint, hub: LoopbackHub):
         self.endpoint = endpoint

@@ -62,6 +62,7 @@ class NcclTransport:
     layer: ClassVar[str] = DEVICE
     requirement: ClassVar[str] = "every replica on a GPU of its own, with NCCL (cupy.cuda.nccl)"
     alone: ClassVar[bool] = False
+    bootstraps: ClassVar[bool] = True
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint

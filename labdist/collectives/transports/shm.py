@@ -63,6 +63,8 @@ class ShmTransport:
     layer: ClassVar[str] = HOST
     requirement: ClassVar[str] = "every replica on one host with a shared /dev/shm"
     alone: ClassVar[bool] = False
+    bootstraps: ClassVar[bool] = False
+    last_arrival: float | None = None
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint

@@ -18,8 +18,7 @@ import tempfile
 
 import numpy as np
 
-from labdist.shm import janitor as shm_janitor
-from labdist.shm import placed
+from labdist.shm import janitor, placed
 
 PREFIX = "labdist-board-"
 HEAD = 4  # stop, groups written, ended, started
@@ -38,7 +37,7 @@ class Board:
     def __init__(self, groups: int, width: int):
         self.groups, self.width = int(groups), int(width) + 2  # + samples, steps
         size = HEAD + self.groups * self.width
-        shm_janitor.ensure(placed.SHM_DIR)  # removes the file if this process is killed
+        janitor.ensure(placed.SHM_DIR)  # removes the file if this process is killed
         fd, self.path = tempfile.mkstemp(prefix=placed.file_prefix(PREFIX + "fit"),
                                          dir=placed.SHM_DIR)
         try:
