@@ -35,7 +35,7 @@ from labdist.errors import (
 from labdist.lab import Lab
 from labdist.network import NetworkModel
 from labdist.parameter_server import ClusterCoordinator, ParameterServerStrategy
-from labdist.quorum.fit import MembershipChange
+from labdist.quorum.training import MembershipChange
 from labdist.replica.replica_context import ReplicaContext
 from labdist.strategies import (
     MirroredStrategy,

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from labdist.cli.errors import UserError, quiet_teardown
+from labdist.cli.mistakes import UserError, quiet_teardown
 
 SCHEDULER_ENV = "LABDIST_SCHEDULER"
 

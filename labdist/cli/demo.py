@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labdist.cli.errors import UserError
+from labdist.cli.mistakes import UserError
 from labdist.cli.paths import output_folder, write_atomically
 
 CHART, REPORT = "demo.png", "report.html"

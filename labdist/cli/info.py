@@ -8,7 +8,7 @@ import platform
 import sys
 from importlib import metadata
 
-from labdist.cli.errors import UserError, check_scheduler
+from labdist.cli.mistakes import UserError, check_scheduler
 
 PACKAGES = ("labdist", "numpy", "dask", "distributed", "cloudpickle", "matplotlib",
             "jupyterlab", "ipywidgets", "anywidget", "cupy-cuda12x", "dask-cuda")

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from labdist.cli.errors import UserError
+from labdist.cli.mistakes import UserError
 from labdist.cli.notebook_outputs import save_options
 from labdist.cli.paths import user_path
 

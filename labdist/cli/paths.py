@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from labdist.cli.errors import UserError
+from labdist.cli.mistakes import UserError
 
 
 def user_path(option: str, text: str) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import labdist as ld
-from labdist.cli.errors import UserError, check_scheduler, connection_error, quiet_teardown
+from labdist.cli.mistakes import UserError, check_scheduler, connection_error, quiet_teardown
 
 N_FEATURES, N_CLASSES, N_SAMPLES = 16, 4, 8192
 REPORTS = 10  # progress lines per run

@@ -16,7 +16,12 @@ import numpy as np
 from labdist import network
 from labdist.aggregation import Aggregation
 from labdist.collectives.compressed import CompressionState
-from labdist.collectives.transports.base import HOST, DeviceTransport, Endpoint, HostTransport
+from labdist.collectives.transports.protocol import (
+    HOST,
+    DeviceTransport,
+    Endpoint,
+    HostTransport,
+)
 from labdist.timing import phases
 
 PERSISTENT_KEYS = 8  # persistent buffers a replica keeps (a model's gradients: one)

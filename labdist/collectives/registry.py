@@ -10,9 +10,9 @@ through the host). A transport's name requires it for its layer and leaves the o
 
 from __future__ import annotations
 
-from labdist.collectives.transports.base import DEVICE, HOST, Endpoint, Transport
 from labdist.collectives.transports.dask import DaskTransport
 from labdist.collectives.transports.nccl import NcclTransport
+from labdist.collectives.transports.protocol import DEVICE, HOST, Endpoint, Transport
 from labdist.collectives.transports.shm import ShmTransport
 
 TRANSPORTS: dict[str, type[Transport]] = {

@@ -28,7 +28,7 @@ from labdist.errors import ReplicaDivergenceWarning
 from labdist.lab import communication_engine, replica_steps
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
-from labdist.quorum.fit import MembershipChange
+from labdist.quorum.training import MembershipChange
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -150,7 +150,7 @@ class MirroredEngine:
                     waits, average)
 
         fn = replica_steps.communicating_step if communicating else replica_steps.mirrored_step
-        if self.quorum:  # one transaction over the replicas alive (quorum/fit.py)
+        if self.quorum:  # one transaction over the replicas alive (quorum/training.py)
             columns = list(zip(*self.strategy.run_transaction(fn, args_for, step - 1),
                                strict=True))
         else:

@@ -1,6 +1,6 @@
 """What the lab's "kill replica" and "add replica" do: a real SIGKILL of a replica's worker
 process, and one more worker on the embedded cluster. Only a quorum-trained mirrored strategy
-goes on through both (quorum/fit.py); the runner logs each change as an event."""
+goes on through both (quorum/training.py); the runner logs each change as an event."""
 
 from __future__ import annotations
 

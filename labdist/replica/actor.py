@@ -253,7 +253,7 @@ class Replica:
         from labdist.collectives import registry
         from labdist.collectives.communicator import Communicator
         from labdist.collectives.plugin import get_plugin
-        from labdist.collectives.transports.base import Endpoint
+        from labdist.collectives.transports.protocol import Endpoint
 
         worker = get_worker()
         self.group = group

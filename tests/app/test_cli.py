@@ -104,7 +104,7 @@ def test_demo_out_unusable_is_one_line_before_the_run(out, why):
 
 
 def test_demo_out_leaves_nothing_behind_when_refused(tmp_path):
-    from labdist.cli.errors import UserError
+    from labdist.cli.mistakes import UserError
     from labdist.cli.paths import output_folder, write_atomically
 
     target = tmp_path / "a" / "b"

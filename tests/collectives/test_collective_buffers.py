@@ -18,8 +18,8 @@ import labdist as ld
 from labdist import aggregation
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES, all_reduce, reduce_scatter_apply
 from labdist.collectives.transports import shm
-from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.loopback import LoopbackHub
+from labdist.collectives.transports.protocol import Endpoint
 from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.shm import doorbell

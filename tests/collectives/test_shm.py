@@ -19,7 +19,7 @@ import pytest
 
 import labdist as ld
 from labdist.collectives.transports import shm
-from labdist.collectives.transports.base import Endpoint
+from labdist.collectives.transports.protocol import Endpoint
 from labdist.shm import area as shm_area
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")

@@ -17,8 +17,8 @@ from labdist.collectives.algorithms import (
     gather_segments,
     reduce_scatter_apply,
 )
-from labdist.collectives.transports.base import DEVICE
 from labdist.collectives.transports.loopback import LoopbackHub
+from labdist.collectives.transports.protocol import DEVICE
 from labdist.devices import NUMPY
 from labdist.enums import ReduceOp, VariableAggregation
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from labdist import aggregation
-from labdist.collectives.transports.base import Endpoint
 from labdist.collectives.transports.nccl import NcclTransport
+from labdist.collectives.transports.protocol import Endpoint
 from labdist.devices import get_backend
 from labdist.devices.strict import cuda as strict_cuda
 from labdist.devices.strict import nccl as strict_nccl

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from distributed.protocol import to_serialize
 
 from labdist.collectives.plugin import HANDLER
-from labdist.collectives.transports.base import HOST, Endpoint
+from labdist.collectives.transports.protocol import HOST, Endpoint
 
 
 class DaskTransport:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from labdist.collectives.communicator import Communicator
-from labdist.collectives.transports.base import HOST, Endpoint
+from labdist.collectives.transports.protocol import HOST, Endpoint
 from labdist.errors import CollectiveMismatchError, CollectiveTimeoutError, PeerAbortedError
 
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from labdist.aggregation import Aggregation
-from labdist.collectives.transports.base import DEVICE, Endpoint
+from labdist.collectives.transports.protocol import DEVICE, Endpoint
 from labdist.devices import Backend
 from labdist.errors import CollectiveTimeoutError, PeerAbortedError
 

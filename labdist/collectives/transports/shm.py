@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from labdist.collectives.transports.base import HOST, Endpoint
 from labdist.collectives.transports.dask import DaskTransport
+from labdist.collectives.transports.protocol import HOST, Endpoint
 from labdist.collectives.transports.shm_layout import Layouts
 from labdist.collectives.transports.shm_review import (  # noqa: F401 (tests read them here)
     HIGH_WATER_BYTES,

@@ -3,7 +3,7 @@
 A strategy talks to its replicas through a *replica group* (in-process for OneDeviceStrategy,
 Dask actors for the mirrored strategies, parameter servers): the `ReplicaGroup` protocol of
 strategies/replica_group.py. Quorum training is a component the strategy holds
-(`strategy.quorum`, quorum/fit.py), not a part of its class.
+(`strategy.quorum`, quorum/training.py), not a part of its class.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from labdist.values import PerReplica, ValueContext, concat_along
 from labdist.variables import Variable
 
 if TYPE_CHECKING:  # quorum training builds on this module: it is never imported from here
-    from labdist.quorum.fit import MembershipChange, Quorum
+    from labdist.quorum.training import MembershipChange, Quorum
 
 
 class Strategy:
@@ -347,7 +347,7 @@ class Strategy:
         (loss sum, metric sums, samples). `model.fit` calls this where the replicas cannot run
         the loop themselves (`train_model_plan`); strategies differ in where the step runs.
         Here: one `run` per group, every replica on its shard of each batch (in quorum mode,
-        each group a transaction over the replicas alive: quorum/fit.py)."""
+        each group a transaction over the replicas alive: quorum/training.py)."""
         if self.quorum is not None:
             yield from self.quorum.train(step, groups, first_iteration)
             return
