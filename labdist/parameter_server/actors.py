@@ -2,7 +2,7 @@
 `ParameterStore` actors (each on its own worker when the cluster has enough workers) and one
 `ParameterServerWorker` per remaining worker. Variables are placed round-robin over the stores.
 
-It also speaks the replica-group protocol of strategies/strategy.py (with one "replica": the
+It also speaks the replica-group protocol of strategies/base.py (with one "replica": the
 parameter servers hold the only copy), so `ld.Variable` reads and writes from the driver work
 unchanged.
 """
@@ -226,7 +226,7 @@ class ParameterServerGroup(ActorGroup):
         with contextlib.suppress(Exception):
             self.store_call_all("release_barrier", live, quiet=True)
 
-    # -- the replica-group protocol (strategies/strategy.py) -----------------------------------
+    # -- the replica-group protocol (strategies/base.py) -----------------------------------
     def create(self, var_id: int, host) -> None:
         with self._lock:
             shard = self._next_shard % self.num_ps

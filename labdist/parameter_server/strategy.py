@@ -21,7 +21,7 @@ from labdist.parameter_server.push_compression import PushCompressionModes
 from labdist.parameter_server.stats import ParameterServerStats
 from labdist.parameter_server.worker_context import WorkerStrategy
 from labdist.replica import replica_context
-from labdist.strategies.strategy import Strategy
+from labdist.strategies.base import Strategy
 from labdist.variables import Variable
 
 MODES = ("async", "sync")

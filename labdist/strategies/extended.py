@@ -11,7 +11,7 @@ from labdist.replica import replica_context
 from labdist.variables import Variable
 
 if TYPE_CHECKING:
-    from labdist.strategies.strategy import Strategy
+    from labdist.strategies.base import Strategy
 
 class StrategyExtended:
     """`strategy.extended`: the lower-level calls used inside merge_call."""

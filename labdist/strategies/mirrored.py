@@ -9,8 +9,8 @@ from labdist.cluster import capacity
 from labdist.collectives import registry
 from labdist.devices import DEVICES
 from labdist.quorum import training as quorum
+from labdist.strategies.base import Strategy
 from labdist.strategies.communication_modes import CommunicationModes, parse_modes
-from labdist.strategies.strategy import Strategy
 
 
 class MirroredStrategy(Strategy):

@@ -10,7 +10,7 @@ from labdist.collectives import Communicator
 from labdist.devices import get_backend
 from labdist.replica.actor import ReplicaCore
 from labdist.replica.replica_context import ReplicaContext
-from labdist.strategies.strategy import Strategy
+from labdist.strategies.base import Strategy
 
 
 class LocalReplicaGroup:

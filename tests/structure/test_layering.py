@@ -338,21 +338,21 @@ def _fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
 def test_the_checker_names_each_kind_of_offence(tmp_path):
     """The contract really fails: a fake package with one offence of each kind."""
     root = _fake_package(tmp_path, {
-        "replica/actor.py": "from labdist.strategies.strategy import Strategy\n",
-        "strategies/strategy.py": "from labdist.replica.actor import _secret\n"
-                                  "import labdist.variables\n",
-        "variables.py": "def f():\n    from labdist.strategies import strategy\n",
+        "replica/actor.py": "from labdist.strategies.base import Strategy\n",
+        "strategies/base.py": "from labdist.replica.actor import _secret\n"
+                              "import labdist.variables\n",
+        "variables.py": "def f():\n    from labdist.strategies import base\n",
         "collectives/algorithms.py": "from typing import TYPE_CHECKING\n"
                                      "if TYPE_CHECKING:\n"
                                      "    from labdist.training.model import Sequential\n",
         "elsewhere.py": "import labdist.enums\n",
     })
     found = violations(root)
-    assert any("replica/actor.py:1" in v and "labdist.strategies.strategy" in v
+    assert any("replica/actor.py:1" in v and "labdist.strategies.base" in v
                for v in found["upward"])
     assert any("worker-side labdist.replica.actor" in v for v in found["worker_side"])
-    assert any("_secret" in v and "strategies/strategy.py:1" in v for v in found["private"])
-    assert any("labdist.strategies.strategy" in c and "labdist.variables" in c
+    assert any("_secret" in v and "strategies/base.py:1" in v for v in found["private"])
+    assert any("labdist.strategies.base" in c and "labdist.variables" in c
                for c in found["cycles"])
     assert any("labdist.elsewhere is in no layer" in v for v in found["unlayered"])
     assert not any("training" in v for vs in found.values() for v in vs)  # TYPE_CHECKING only
@@ -387,18 +387,18 @@ def test_the_checker_names_private_attributes_touched_across_packages(tmp_path):
                             "    def _move(self, other):\n"
                             "        return other._placement, self._kind\n",
         "cluster/user.py": "def f(group):\n    return group._move(group)\n",
-        "strategies/strategy.py": "def f(group, point):\n"
+        "strategies/base.py": "def f(group, point):\n"
                               "    a = group._placement\n"
                               "    group._kind = 'x'\n"
                               "    b = getattr(group, '_move')\n"
                               "    return point._fields, group.__class__, os._exit\n",
     })
     found = private_attributes(root)
-    assert any("strategies/strategy.py:2:" in v and "_placement of labdist.cluster" in v
+    assert any("strategies/base.py:2:" in v and "_placement of labdist.cluster" in v
                for v in found), found
-    assert any("strategies/strategy.py:3:" in v and "_kind" in v for v in found), found
-    assert any("strategies/strategy.py:4:" in v and "_move" in v for v in found), found
-    assert any("strategies/strategy.py:5:" in v and "_exit of another library" in v
+    assert any("strategies/base.py:3:" in v and "_kind" in v for v in found), found
+    assert any("strategies/base.py:4:" in v and "_move" in v for v in found), found
+    assert any("strategies/base.py:5:" in v and "_exit of another library" in v
                for v in found), found
     assert not any("cluster/" in v or "_fields" in v or "__class__" in v for v in found), found
     assert len(found) == 4
