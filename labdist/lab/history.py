@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from labdist.lab.engines import StepRecord
+from labdist.lab.run_items import StepItem
 
 MIN_SPAN_S = 0.25  # the shortest interval a throughput is measured over
 
@@ -77,20 +78,20 @@ class RunHistory:
     _recent: deque = field(default_factory=lambda: deque(maxlen=1024), repr=False)
     _by_worker: deque = field(default_factory=lambda: deque(maxlen=4096), repr=False)
 
-    def add(self, record: StepRecord) -> dict:
+    def add(self, record: StepRecord) -> StepItem:
         """Append a record; returns the row as the charts take it."""
-        row = {"step": record.step, "kind": record.kind, "loss": record.losses,
-               "global_loss": record.global_loss, "spread": spread(record.values),
-               "tracked": record.values[:, self.track_index].T.tolist(),
-               "contributions": record.contributions, "worker": record.worker,
-               "time": record.time, "plane": record.values,
-               "communication": record.communication, "sent": record.sent}
+        row = StepItem(step=record.step, kind=record.kind, loss=record.losses,
+                       global_loss=record.global_loss, spread=spread(record.values),
+                       tracked=record.values[:, self.track_index].T.tolist(),
+                       contributions=record.contributions, worker=record.worker,
+                       time=record.time, plane=record.values,
+                       communication=record.communication, sent=record.sent)
         with self._lock:
             self.step.append(record.step)
             self.kind.append(record.kind)
             self.loss.append(list(record.losses))
-            self.global_loss.append(row["global_loss"])
-            self.spread.append(row["spread"])
+            self.global_loss.append(row.global_loss)
+            self.spread.append(row.spread)
             self.values.append(record.values[:, self.track_index].copy())
             self.contributions.append(record.contributions)
             self.worker.append(record.worker)

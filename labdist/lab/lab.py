@@ -22,6 +22,7 @@ from labdist.lab.history import RunHistory
 from labdist.lab.models import LabModel, Linear, ParamSpec
 from labdist.lab.pool import StrategyPool, check_strategy, strategy_key
 from labdist.lab.replicas import ReplicaChanges
+from labdist.lab.run_items import RunItem
 from labdist.lab.runner import Runner
 
 PAUSE_WITHIN_S = 0.8  # ■ on lab.step / lab.wait: how long the pause may take to land
@@ -258,24 +259,25 @@ class Lab:
             raise self._runner.error
 
     # -- what the run tells (the panel listens through exactly this) --------------------------
-    def subscribe(self, callback: Callable[[dict], None]) -> Callable[[], None]:
+    def subscribe(self, callback: Callable[[RunItem], None]) -> Callable[[], None]:
         """Call `callback(item)` for everything the run does from now on; returns a function
         that stops it (as `unsubscribe(callback)` does).
 
-        An item is a dict with a "type": "step" (a history row: step, kind, loss, global_loss,
-        spread, tracked, contributions, time, plane), "event" (a change applied: step, text,
-        changes, requested, applied, requested_step), "ps_stats" (the parameter servers'
-        counters), "diverged" (step, where, text), "reset" or "error". The callback runs on
-        the lab's training thread: it should only hand the item on (e.g. put it in a queue),
+        An item is one of lab/run_items.py's classes (tell them apart with `isinstance` or
+        `match`): StepItem (a history row: step, kind, loss, global_loss, spread, tracked,
+        contributions, time, plane, ...), EventItem (a change applied: step, text, changes,
+        requested, applied, requested_step), PsStatsItem (the parameter servers' counters),
+        DivergedItem (step, where, text), ResetItem or ErrorItem. The callback runs on the
+        lab's training thread: it should only hand the item on (e.g. put it in a queue),
         never block or raise.
         """
         if not callable(callback):
             raise TypeError(f"callback={callback!r} is not callable; give a function taking "
-                            "one dict")
+                            "one item")
         self._runner.subscribe(callback)
         return lambda: self._runner.unsubscribe(callback)
 
-    def unsubscribe(self, callback: Callable[[dict], None]) -> None:
+    def unsubscribe(self, callback: Callable[[RunItem], None]) -> None:
         """Stop calling `callback` (nothing happens if it was not subscribed)."""
         self._runner.unsubscribe(callback)
 

@@ -36,6 +36,14 @@ from labdist.lab.divergence import DivergenceError, find
 from labdist.lab.engines import StepRecord
 from labdist.lab.history import Event, RunHistory
 from labdist.lab.network_link import Link
+from labdist.lab.run_items import (
+    DivergedItem,
+    ErrorItem,
+    EventItem,
+    PsStatsItem,
+    ResetItem,
+    RunItem,
+)
 
 Sync = VariableSynchronization
 Agg = VariableAggregation
@@ -74,7 +82,7 @@ class Runner:
         self._next_at = 0.0
         self._submitted = 0  # steps handed to the engine (ahead of `completed` while in flight)
         self._settled = False  # the thread waits for work, with nothing in flight
-        self._listeners: list[Callable[[dict], None]] = []
+        self._listeners: list[Callable[[RunItem], None]] = []
         self.engine = None
         self.link = Link()  # the modelled network on the cluster's workers
         self._thread = threading.Thread(target=self._loop, name="labdist-lab", daemon=True)
@@ -130,13 +138,13 @@ class Runner:
             self._cv.notify_all()
         self._thread.join(timeout)
 
-    def subscribe(self, callback: Callable[[dict], None]) -> None:
+    def subscribe(self, callback: Callable[[RunItem], None]) -> None:
         """`callback(item)` on the runner thread for each record / event / reset; it must
         only enqueue (the UI's publisher does the work)."""
         with self._cv:
             self._listeners = [*self._listeners, callback]
 
-    def unsubscribe(self, callback: Callable[[dict], None]) -> None:
+    def unsubscribe(self, callback: Callable[[RunItem], None]) -> None:
         with self._cv:
             if callback in self._listeners:  # ==: a bound method is made anew on each access
                 listeners = list(self._listeners)
@@ -168,7 +176,7 @@ class Runner:
         return (self.state in ("starting", "running") or bool(self._changes)
                 or bool(self._calls)) and self.state != "closed"
 
-    def _emit(self, item: dict) -> None:
+    def _emit(self, item: RunItem) -> None:
         for callback in self._listeners:  # a list replaced, never changed, on (un)subscribe
             callback(item)
 
@@ -220,7 +228,7 @@ class Runner:
         except BaseException as error:
             with self._cv:
                 self.error, self._budget, self.state = error, 0, "failed"
-            self._emit({"type": "error", "error": f"{type(error).__name__}: {error}"})
+            self._emit(ErrorItem(f"{type(error).__name__}: {error}"))
 
     def _pace(self) -> bool:
         """With a pace, wait for the next step's time (a change or command wakes us); True
@@ -252,8 +260,8 @@ class Runner:
         self._records(records)
         stats = self.engine.stats(force=last)
         if stats is not None:
-            self._emit({"type": "ps_stats", "step": self.completed, "kind": self.config.kind.value,
-                        "use_locking": self.config.use_locking, **stats})
+            self._emit(PsStatsItem(step=self.completed, kind=self.config.kind.value,
+                                   use_locking=self.config.use_locking, **stats))
 
     def _membership(self) -> None:
         """Quorum mode: log each replica lost or taken in during the step as an event, and
@@ -276,9 +284,7 @@ class Runner:
             event = Event(change.step, "; ".join(texts), {"replicas": (len(before), n)},
                           now - change.paused_s, now, change.step)
             self.history.events.append(event)
-            self._emit({"type": "event", "step": event.step, "text": event.text,
-                        "changes": {"replicas": [len(before), n]}, "requested": event.requested,
-                        "applied": event.applied, "requested_step": event.requested_step})
+            self._emit(_event_item(event))
 
     def _records(self, records: list[StepRecord]) -> None:
         """Number the steps in the order they finished (async PS: not the order they were
@@ -287,7 +293,7 @@ class Runner:
             if record.contributions:
                 self.completed += 1
             record.step = self.completed
-            self._emit({"type": "step", **self.history.add(record)})
+            self._emit(self.history.add(record))
             if record.contributions and self.divergence is None:
                 where = find(record, self.spec, self.config.kind.is_ps)
                 if where is not None:
@@ -299,8 +305,7 @@ class Runner:
             self._budget, self.state = 0, "diverged"
             self._cv.notify_all()
         self.history.diverged_at = error.step
-        self._emit({"type": "diverged", "step": error.step, "where": error.where,
-                    "text": str(error)})
+        self._emit(DivergedItem.of(error))
 
     def _finish_close(self) -> None:
         if self.engine is not None:
@@ -356,10 +361,7 @@ class Runner:
         event = Event(self.completed, text, diff, min(t for _, t, _ in changes), time.time(),
                       min(s for *_, s in changes))
         self.history.events.append(event)
-        self._emit({"type": "event", "step": event.step, "text": event.text,
-                    "changes": {k: [_plain(a), _plain(b)] for k, (a, b) in diff.items()},
-                    "requested": event.requested, "applied": event.applied,
-                    "requested_step": event.requested_step})
+        self._emit(_event_item(event))
         if moved:  # the copies right after the switch: a row at the same step
             values = np.stack([np.asarray(c) for c in after]) if len(after) == self.n \
                 else np.tile(after[0], (self.n, 1))
@@ -377,13 +379,21 @@ class Runner:
             if self.state == "diverged":
                 self.error, self.state = None, "idle"
         self.start(self.config)
-        self._emit({"type": "reset"})
+        self._emit(ResetItem())
 
 
 def _resized(config: RunConfig, n: int) -> RunConfig:
     """`config` with one delay per replica of `n` (a lost replica's dropped, a new one's 0)."""
     delays = tuple(config.delays[:n]) + (0.0,) * max(0, n - len(config.delays))
     return config if delays == config.delays else dataclasses.replace(config, delays=delays)
+
+
+def _event_item(event: Event) -> EventItem:
+    """What subscribers get of an applied change: its values plain (enum names, lists)."""
+    return EventItem(step=event.step, text=event.text,
+                     changes={k: [_plain(a), _plain(b)] for k, (a, b) in event.changes.items()},
+                     requested=event.requested, applied=event.applied,
+                     requested_step=event.requested_step)
 
 
 def _shown(name: str, value: Any) -> Any:

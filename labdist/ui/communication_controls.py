@@ -10,6 +10,7 @@ from collections.abc import Collection
 import ipywidgets as w
 
 from labdist.lab.config import COMPRESSIONS, RunConfig
+from labdist.lab.run_items import StepItem
 from labdist.ui.line_chart import LineChart
 
 WIDE = w.Layout(width="262px")  # inside the section's padding
@@ -64,11 +65,11 @@ class Feed:
         self.charts, self.n = charts, n
         self._outer: tuple[float, float] = (NAN, NAN)
 
-    def append(self, rows: list[dict]) -> None:
-        x = [r["step"] for r in rows]
+    def append(self, rows: list[StepItem]) -> None:
+        x = [r.step for r in rows]
         nothing = [NAN] * self.n  # a gap
-        comm = [r.get("communication") for r in rows]
-        sent = [r.get("sent") for r in rows]  # every mirrored step's, compressed or not
+        comm = [r.communication for r in rows]
+        sent = [r.sent for r in rows]  # every mirrored step's, compressed or not
         # a quorum lab that lost a replica sends fewer columns: the missing ones are gaps
         self.charts["bytes"].append(x, _columns([(list(b) + nothing)[:self.n] if b
                                                  else nothing for b in sent]))

@@ -19,6 +19,15 @@ from typing import Any
 import numpy as np
 
 from labdist.lab.config import describe_setting
+from labdist.lab.run_items import (
+    DivergedItem,
+    ErrorItem,
+    EventItem,
+    PsStatsItem,
+    ResetItem,
+    RunItem,
+    StepItem,
+)
 from labdist.ui import communication_controls
 from labdist.ui.captions import captions
 
@@ -59,9 +68,7 @@ class Publisher:
         self._captions(lab.config)
         self.show_replicas()
         if lab.divergence is not None:  # a panel shown after the run diverged says so too
-            error = lab.divergence
-            self.items.put({"type": "diverged", "step": error.step, "where": error.where,
-                            "text": str(error)})
+            self.items.put(DivergedItem.of(lab.divergence))
         self._unsubscribe = lab.subscribe(self._put)
         self._thread = threading.Thread(target=self._loop, name="labdist-lab-ui", daemon=True)
         self._thread.start()
@@ -70,12 +77,12 @@ class Publisher:
         if "timeline" in charts:  # on a thread of its own: gathering takes round trips
             self._timeline_thread.start()
 
-    def _put(self, item: dict) -> None:
+    def _put(self, item: RunItem) -> None:
         """Steps wait for the next frame (at most RATE_HZ a second); an event (a click
         applied, a divergence, an error) goes out at once, so a click shows within
         milliseconds of being applied rather than up to a frame later."""
         self.items.put(item)
-        if item.get("type") != "step":
+        if not isinstance(item, StepItem):
             self._wake.set()
 
     def close(self) -> None:
@@ -117,12 +124,12 @@ class Publisher:
             self._log(f"panel error: {type(e).__name__}: {e}")
 
     # -- one frame ------------------------------------------------------------------------------
-    def _publish(self, items: list[dict]) -> None:
+    def _publish(self, items: list[RunItem]) -> None:
         """Each item drawn on its own: a drawing error (logged) never drops the items after
         it (a divergence's message comes right after its non-finite rows)."""
-        rows: list[dict] = []
+        rows: list[StepItem] = []
         for item in items:
-            if item["type"] == "step":
+            if isinstance(item, StepItem):
                 rows.append(item)
                 continue
             self._safe(self._rows, rows)
@@ -130,71 +137,71 @@ class Publisher:
             self._safe(self._item, item)
         self._safe(self._rows, rows)
 
-    def _item(self, item: dict) -> None:
-        kind = item["type"]
-        if kind == "event":
-            self._event(item)
-        elif kind == "ps_stats":
-            self._ps_stats(item)
-        elif kind == "reset":
-            self._reset()
-        elif kind == "diverged":
-            self._diverged(item)
-        elif kind == "error":
-            self._log(f"step {self.lab.step_count}: run stopped: {item['error']}")
+    def _item(self, item: RunItem) -> None:
+        match item:
+            case EventItem():
+                self._event(item)
+            case PsStatsItem():
+                self._ps_stats(item)
+            case ResetItem():
+                self._reset()
+            case DivergedItem():
+                self._diverged(item)
+            case ErrorItem():
+                self._log(f"step {self.lab.step_count}: run stopped: {item.error}")
 
-    def _rows(self, rows: list[dict]) -> None:
+    def _rows(self, rows: list[StepItem]) -> None:
         if not rows:
             return
         c = self.charts
-        x = [r["step"] for r in rows]
+        x = [r.step for r in rows]
         n = self.lab.replica_slots  # a replica missing from a row (lost, not yet added): a gap
-        c["loss"].append(x, [[_at(r["loss"], k) for r in rows] for k in range(n)]
-                         + [[r["global_loss"] for r in rows]])
-        c["spread"].append(x, [[r["spread"] for r in rows]])
+        c["loss"].append(x, [[_at(r.loss, k) for r in rows] for k in range(n)]
+                         + [[r.global_loss for r in rows]])
+        c["spread"].append(x, [[r.spread for r in rows]])
         for i, name in enumerate(self.lab.track):
-            c[f"track:{name}"].append(x, [[_at(r["tracked"][i], k) for r in rows]
+            c[f"track:{name}"].append(x, [[_at(r.tracked[i], k) for r in rows]
                                           for k in range(n)])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
         if self._communication is not None:
             self._communication.append(rows)
         if self._plane_index is not None:  # a diverged path ends at its last finite point
-            points = [_rows_of(p, n) for p in (r["plane"][:, self._plane_index] for r in rows)
+            points = [_rows_of(p, n) for p in (r.plane[:, self._plane_index] for r in rows)
                       if np.isfinite(p).all()]
             c["plane"].append(points)
             self._surface(points=points)
 
-    def _event(self, item: dict) -> None:
-        label = ", ".join(f"{k} → {_short(v[1], k)}" for k, v in item["changes"].items())
-        moved_ps = bool({"kind", "use_locking"} & item["changes"].keys())
+    def _event(self, item: EventItem) -> None:
+        label = ", ".join(f"{k} → {_short(v[1], k)}" for k, v in item.changes.items())
+        moved_ps = bool({"kind", "use_locking"} & item.changes.keys())
         for name, chart in self.charts.items():
             if name == "staleness":  # its counts restart when the parameter server changes
                 if moved_ps:
                     chart.reset()
                     chart.note = NO_PS_NOTE
-                    chart.event(f"since step {item['step']}: {label}")
+                    chart.event(f"since step {item.step}: {label}")
             elif name == "plane":
                 chart.event(label)
             elif name == "timeline":  # drawn at the moment it was applied, on its time axis
-                chart.mark(f"step {item['step']}: {label}", at=item["applied"])
+                chart.mark(f"step {item.step}: {label}", at=item.applied)
             else:
-                chart.event(item["step"], label)
-        if "replicas" in item["changes"]:  # quorum mode: a replica lost or taken in
+                chart.event(item.step, label)
+        if "replicas" in item.changes:  # quorum mode: a replica lost or taken in
             self.show_replicas()
-            pause = (item["applied"] - item["requested"]) * 1e3
-            self._log(f"{item['text']}  (training paused {pause:.0f} ms)")
+            pause = (item.applied - item.requested) * 1e3
+            self._log(f"{item.text}  (training paused {pause:.0f} ms)")
             return
-        self._last_delay = item["applied"] - item["requested"]
-        self._log(f"step {item['step']}: {label}  (applied {self._last_delay * 1e3:.0f} ms "
+        self._last_delay = item.applied - item.requested
+        self._log(f"step {item.step}: {label}  (applied {self._last_delay * 1e3:.0f} ms "
                   "after the request)")
         if moved_ps:
             self._ps_seen.clear()  # the counters now come from another parameter server
             self._ps_prev = None
-        self.controls.sync(self.lab.pending_config(), fields=item["changes"].keys())
+        self.controls.sync(self.lab.pending_config(), fields=item.changes.keys())
         self._captions(self.lab.config)
-        if "kind" in item["changes"] and self.arrange is not None:
+        if "kind" in item.changes and self.arrange is not None:
             self.arrange(self.lab.config)
-        if "skew" in item["changes"] and self._plane_index is not None:
+        if "skew" in item.changes and self._plane_index is not None:
             self._surface(force=True)
 
     def show_replicas(self) -> None:
@@ -214,13 +221,13 @@ class Publisher:
                 if client is not None:
                     self._safe(self.charts["timeline"].refresh, client)
 
-    def _ps_stats(self, item: dict) -> None:
-        seen = Counter({int(k): v for k, v in item["staleness"].items()})
+    def _ps_stats(self, item: PsStatsItem) -> None:
+        seen = Counter({int(k): v for k, v in item.staleness.items()})
         delta = {k: v - self._ps_seen.get(k, 0) for k, v in seen.items()
                  if v > self._ps_seen.get(k, 0)}
         self._ps_seen = seen
         self.charts["staleness"].add(delta)
-        now, torn, lost = time.monotonic(), item["torn_reads"], item["lost_updates"]
+        now, torn, lost = time.monotonic(), item.torn_reads, item.lost_updates
         rates = ""
         if self._ps_prev is not None and now - self._ps_prev[0] > 0.05:
             span = now - self._ps_prev[0]
@@ -228,28 +235,28 @@ class Publisher:
                      f" ({(lost - self._ps_prev[2]) / span:.0f}/s)")
         self._ps_prev = (now, torn, lost)
         torn_rate, lost_rate = rates or ("", "")
-        parts = [f"{item['updates']} updates (the bars' total)"]
-        if item.get("kind") == "ps_async":
+        parts = [f"{item.updates} updates (the bars' total)"]
+        if item.kind == "ps_async":
             counts = self.lab.history.updates_per_worker
             speed = self.lab.history.worker_rates()
             parts.append("per worker: " + ", ".join(
                 f"w{w} {counts.get(w, 0)} ({speed.get(w, 0.0):.0f}/s)"
                 for w in range(self.lab.num_replicas)))
         parts += [f"torn reads: {torn}{torn_rate}", f"lost updates: {lost}{lost_rate}",
-                  f"dropped stale: {item['dropped']}"]
+                  f"dropped stale: {item.dropped}"]
         self.charts["staleness"].note = " · ".join(parts)
 
-    def _diverged(self, item: dict) -> None:
+    def _diverged(self, item: DivergedItem) -> None:
         """Say it on the panel: the banner, a mark at the step on every chart, the log."""
         for name, chart in self.charts.items():
             if name == "plane":
                 chart.event("diverged")
             elif name != "staleness":
-                chart.event(item["step"], "diverged")
-        self._log(f"step {item['step']}: {item['text']}")
+                chart.event(item.step, "diverged")
+        self._log(f"step {item.step}: {item.text}")
         if self.alert is not None:
             self.alert.value = (f"<div class='labdist-alert-text'><b>Diverged at step "
-                                f"{item['step']}</b>: {html.escape(item['where'])}. Training "
+                                f"{item.step}</b>: {html.escape(item.where)}. Training "
                                 "paused: lower the learning rate and reset.</div>")
             self.alert.layout.display = ""
 

@@ -15,6 +15,7 @@ from labdist.lab import LabModel, RunHistory
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
 from labdist.lab.models import ParamSpec
+from labdist.lab.run_items import EventItem, PsStatsItem, RunItem, StepItem
 from labdist.lab.runner import Runner
 
 
@@ -355,14 +356,14 @@ def test_no_update_is_lost_or_applied_twice_across_switches(strategy):
 def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
     seen = []
     with ld.Lab(strategy, data=skewed, kind="ps_async", delays=[0.0, 0.03]) as lab:
-        lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.subscribe(lambda item: seen.append(item) if isinstance(item, PsStatsItem) else None)
         lab.step(30)
         stats = seen[-1]
-        assert stats["kind"] == "ps_async" and stats["use_locking"] is False
-        assert stats["updates"] == 30  # a step is one worker's push of the parameter vector
-        assert sum(stats["staleness"].values()) == 30
-        assert max(stats["staleness"]) >= 1  # reads overlapped others' updates
-        assert stats["lost_updates"] <= stats["updates"]  # counted, each lost update once
+        assert stats.kind == "ps_async" and stats.use_locking is False
+        assert stats.updates == 30  # a step is one worker's push of the parameter vector
+        assert sum(stats.staleness.values()) == 30
+        assert max(stats.staleness) >= 1  # reads overlapped others' updates
+        assert stats.lost_updates <= stats.updates  # counted, each lost update once
         per_worker = lab.history.updates_per_worker
         assert sum(per_worker.values()) == 30 and lab.history.contributions[-30:] == [1] * 30
         assert per_worker[0] > per_worker[1]  # the straggler does fewer, nobody waits for it
@@ -370,20 +371,20 @@ def test_async_ps_counts_staleness_and_stragglers(strategy, skewed):
 
 def test_subscribe_delivers_the_run_until_unsubscribed(strategy):
     with ld.Lab(strategy, model=Counting(), data=DATA, learning_rate=1.0) as lab:
-        seen: list[dict] = []
+        seen: list[RunItem] = []
         stop = lab.subscribe(seen.append)
         lab.step(3)
         lab.set(aggregation="SUM")
         lab.step(1)
-        assert [i["step"] for i in seen if i["type"] == "step"] == [1, 2, 3, 3, 4]  # 3: switch
-        (event,) = [i for i in seen if i["type"] == "event"]
-        assert event["text"] == "aggregation MEAN → SUM" and event["step"] == 3
-        row = next(i for i in seen if i["type"] == "step")
-        assert row["loss"] == lab.history.loss[0] and row["tracked"] == [[1.0, 1.0]]
+        assert [i.step for i in seen if isinstance(i, StepItem)] == [1, 2, 3, 3, 4]  # 3: switch
+        (event,) = [i for i in seen if isinstance(i, EventItem)]
+        assert event.text == "aggregation MEAN → SUM" and event.step == 3
+        row = next(i for i in seen if isinstance(i, StepItem))
+        assert row.loss == lab.history.loss[0] and row.tracked == [[1.0, 1.0]]
         stop()
         lab.step(2)
-        assert seen[-1]["step"] == 4 and lab.step_count == 6  # nothing after unsubscribing
-        other: list[dict] = []
+        assert seen[-1].step == 4 and lab.step_count == 6  # nothing after unsubscribing
+        other: list[RunItem] = []
         lab.subscribe(other.append)
         lab.unsubscribe(other.append)
         lab.step(1)

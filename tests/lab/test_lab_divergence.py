@@ -10,6 +10,7 @@ import pytest
 
 import labdist as ld
 from labdist.lab import DivergenceError
+from labdist.lab.run_items import DivergedItem
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +39,9 @@ def test_a_learning_rate_too_large_pauses_the_run_and_says_why(strategy, kind, a
     within seconds. Async PS at 0.9 blows up only when its gradients happen to be stale
     enough (3 of 4 runs went 20 s without; with a 10 ms straggler, 4 of 4 did): at 2.5, past
     2 / E[x^2] of the default model's data, every push grows the error (~300 steps)."""
-    seen: list[dict] = []
+    seen: list[DivergedItem] = []
     with ld.Lab(strategy, kind=kind, aggregation=aggregation, learning_rate=rate) as lab:
-        lab.subscribe(lambda item: seen.append(item) if item["type"] == "diverged" else None)
+        lab.subscribe(lambda item: seen.append(item) if isinstance(item, DivergedItem) else None)
         error = diverge(lab, timeout=60.0)
         who = "replica" if kind == "mirrored" else "worker"
         assert f"{who} " in error.where and ("nan" in error.where or "inf" in error.where)
@@ -48,7 +49,7 @@ def test_a_learning_rate_too_large_pauses_the_run_and_says_why(strategy, kind, a
         assert f"at step {error.step}" in str(error)
         assert lab.history.diverged_at == error.step and lab.divergence is not None
         (item,) = seen
-        assert item["step"] == error.step and item["text"] == str(error)
+        assert item.step == error.step and item.text == str(error)
         stopped = lab.step_count
         time.sleep(0.3)
         assert lab.step_count == stopped and lab.state == "diverged"  # paused there

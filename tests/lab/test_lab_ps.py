@@ -11,6 +11,7 @@ import pytest
 
 import labdist as ld
 from labdist.lab import Kind
+from labdist.lab.run_items import PsStatsItem
 
 
 @pytest.fixture(scope="module")
@@ -76,29 +77,29 @@ def test_steps_are_one_update_each_and_numbered_as_they_finish(strategy):
 def test_races_show_without_use_locking_and_stop_with_it(strategy):
     """The lab's default model and settings: torn reads or lost updates within 10 s of
     switching to PS async, none once use_locking is on."""
-    seen: list[dict] = []
+    seen: list[PsStatsItem] = []
     with ld.Lab(strategy) as lab:
-        lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+        lab.subscribe(lambda item: seen.append(item) if isinstance(item, PsStatsItem) else None)
         lab.run()
         lab.set(kind="ps_async")
         t0 = time.monotonic()
         while time.monotonic() - t0 < 10:
-            racy = [s for s in seen if s["kind"] == "ps_async" and not s["use_locking"]]
-            if racy and racy[-1]["torn_reads"] + racy[-1]["lost_updates"] > 0:
+            racy = [s for s in seen if s.kind == "ps_async" and not s.use_locking]
+            if racy and racy[-1].torn_reads + racy[-1].lost_updates > 0:
                 break
             time.sleep(0.05)
         found = time.monotonic() - t0
         last = racy[-1]
-        print(f"without use_locking after {found:.1f} s: {last['updates']} updates, "
-              f"{last['torn_reads']} torn reads, {last['lost_updates']} lost updates")
-        assert last["torn_reads"] + last["lost_updates"] > 0 and found < 10
+        print(f"without use_locking after {found:.1f} s: {last.updates} updates, "
+              f"{last.torn_reads} torn reads, {last.lost_updates} lost updates")
+        assert last.torn_reads + last.lost_updates > 0 and found < 10
         lab.set(use_locking=True)
         time.sleep(3.0)
         lab.pause()
-        locked = [s for s in seen if s["kind"] == "ps_async" and s["use_locking"]]
+        locked = [s for s in seen if s.kind == "ps_async" and s.use_locking]
         print(f"with use_locking: {locked[-1]}")
-        assert locked[-1]["updates"] > 100
-        assert locked[-1]["torn_reads"] == 0 and locked[-1]["lost_updates"] == 0
+        assert locked[-1].updates > 100
+        assert locked[-1].torn_reads == 0 and locked[-1].lost_updates == 0
 
 
 def test_a_switch_to_sync_keeps_the_barrier(strategy):
@@ -125,16 +126,17 @@ def test_sync_with_a_backup_worker_counts_the_dropped_pushes():
     try:
         with ld.Lab(ps, delays=[0.0, 0.0, 0.05]) as lab:
             panel = LabPanel(lab)
-            seen: list[dict] = []
-            lab.subscribe(lambda item: seen.append(item) if item["type"] == "ps_stats" else None)
+            seen: list[PsStatsItem] = []
+            lab.subscribe(lambda item: seen.append(item) if isinstance(item, PsStatsItem)
+                          else None)
             lab.step(10)
             assert lab.history.contributions == [2] * 10  # two gradients make each update
-            assert seen[-1]["dropped"] >= 5  # worker 2's late pushes, most rounds
+            assert seen[-1].dropped >= 5  # worker 2's late pushes, most rounds
             deadline = time.monotonic() + 5
-            while f"dropped stale: {seen[-1]['dropped']}" not in panel.charts["staleness"].note \
+            while f"dropped stale: {seen[-1].dropped}" not in panel.charts["staleness"].note \
                     and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert f"dropped stale: {seen[-1]['dropped']}" in panel.charts["staleness"].note
+            assert f"dropped stale: {seen[-1].dropped}" in panel.charts["staleness"].note
             panel.close()
     finally:
         ps.close()
