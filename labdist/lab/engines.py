@@ -1,16 +1,5 @@
 """The lab's *engines*, its two ways of running a step (not to be confused with the array
-backends of `labdist.backend`), behind one small interface the runner drives:
-
-- `use(config, copies)`: make this engine current, starting from the given per-replica
-  parameter vectors (a parameter-server engine takes one vector);
-- `submit(config, batch, step)`: run (or start) one step; returns the records of the steps
-  that finished;
-- `configure(config)`: settings that change without a switch (delays, apply delay);
-- `drain()`: finish whatever is in flight (a step boundary); returns their records;
-- `leave(config)`: the copies are about to move to another engine or variable set (a switch):
-  settle what `config`'s modes left open first (mirrored: a DiLoCo round, residuals owed);
-- `copies()`: the per-replica parameter vectors now (at a boundary).
-
+backends of `labdist.devices`), behind one small interface the runner drives: `Engine`.
 `MirroredEngine` lives here; `ps_engine.ParameterServerEngine` is the other one.
 """
 
@@ -19,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,6 +33,49 @@ def quiet_divergence() -> None:
     silenced (installed again by every Lab, idempotently, in case filters were reset)."""
     warnings.filterwarnings("ignore", category=ReplicaDivergenceWarning,
                             module=r"labdist\.lab\.")
+
+
+class Engine(Protocol):
+    """What the runner (lab/runner.py) drives, whichever way the steps run."""
+
+    strategy: Any  # the strategy its steps run on
+
+    def use(self, config: RunConfig, copies: list[np.ndarray]) -> None:
+        """Make this engine current, starting from the given per-replica parameter vectors
+        (a parameter-server engine takes one vector)."""
+
+    def submit(self, config: RunConfig, batch: tuple[np.ndarray, np.ndarray],
+               step: int) -> list[StepRecord]:
+        """Run (or start) one step; the records of the steps that finished."""
+
+    def configure(self, config: RunConfig) -> None:
+        """Settings that change without a switch (delays, apply delay)."""
+
+    def drain(self) -> list[StepRecord]:
+        """Finish whatever is in flight (a step boundary); the records of those steps."""
+
+    def leave(self, config: RunConfig) -> None:
+        """The copies are about to move to another engine or variable set (a switch): settle
+        what `config`'s modes left open first (mirrored: a DiLoCo round, residuals owed)."""
+
+    def fresh(self) -> None:
+        """Start the engine's own state afresh (the lab's start and reset)."""
+
+    def copies(self) -> list[np.ndarray]:
+        """The per-replica parameter vectors now (at a boundary)."""
+
+    def read_copies(self) -> list[np.ndarray]:
+        """The same, read from the variables themselves."""
+
+    def take_changes(self) -> list[tuple[MembershipChange, list[str]]]:
+        """Quorum mode's membership changes since the last call, each with the workers
+        before it; none elsewhere."""
+
+    def stats(self, force: bool = False) -> dict | None:
+        """Parameter servers' counters for the charts (None: nothing new)."""
+
+    def close(self) -> None:
+        """Let go of what the engine made (its variables, its coordinator)."""
 
 
 @dataclass

@@ -39,6 +39,11 @@ class LabModel:
     def check_data(self, x: np.ndarray, y: np.ndarray) -> None:
         """Raise ValueError naming what is wrong when (x, y) does not fit this model."""
 
+    def solve(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The parameters that minimise the loss on (x, y), where a model can say (the
+        parameter plane marks each replica's optimum); None where it cannot."""
+        return None
+
     def loss_grid(self, a: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray,
                   base: dict[str, np.ndarray]) -> np.ndarray:
         """The loss at every (a[i], b[i]) of the plane's two parameters (others from `base`);

@@ -96,6 +96,9 @@ class ParameterServerEngine:
 
     read_copies = copies
 
+    def take_changes(self) -> list:
+        return []  # parameter servers do not change membership
+
     def submit(self, config: RunConfig, batch, step: int) -> list[StepRecord]:
         x, y = batch
         bounds = shard_bounds(len(x), self.num_replicas)

@@ -33,7 +33,7 @@ from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig, describe_setting
 from labdist.lab.divergence import DivergenceError, find
-from labdist.lab.engines import StepRecord
+from labdist.lab.engines import Engine, StepRecord
 from labdist.lab.history import Event, RunHistory
 from labdist.lab.network_link import Link
 from labdist.lab.run_items import (
@@ -83,7 +83,7 @@ class Runner:
         self._submitted = 0  # steps handed to the engine (ahead of `completed` while in flight)
         self._settled = False  # the thread waits for work, with nothing in flight
         self._listeners: list[Callable[[RunItem], None]] = []
-        self.engine = None
+        self.engine: Engine | None = None
         self.link = Link()  # the modelled network on the cluster's workers
         self._thread = threading.Thread(target=self._loop, name="labdist-lab", daemon=True)
         self._thread.start()
@@ -266,8 +266,7 @@ class Runner:
     def _membership(self) -> None:
         """Quorum mode: log each replica lost or taken in during the step as an event, and
         resize what is per replica (the delays) to the replicas that go on."""
-        take = getattr(self.engine, "take_changes", None)
-        for change, before in take() if take else []:
+        for change, before in self.engine.take_changes():
             n = change.num_replicas
             texts = [f"replica {before.index(w)} lost at step {change.step}; {n} replica"
                      f"{'s' if n != 1 else ''} go{'es' if n == 1 else ''} on"

@@ -217,7 +217,7 @@ class Publisher:
     def _timeline_loop(self) -> None:
         while not self._stop.wait(TIMELINE_EVERY_S):
             if self.lab.state == "running":
-                client = getattr(self.lab.strategy, "client", None)
+                client = self.lab.strategy.client
                 if client is not None:
                     self._safe(self.charts["timeline"].refresh, client)
 
@@ -321,10 +321,12 @@ class Publisher:
     def _box(self, skew: float) -> tuple[float, float, float, float]:
         spec, model = self.lab.spec, self.lab.model
         pts = [spec.flatten(model.init_params())[self._plane_index]]
-        if hasattr(model, "solve"):
-            x, y = self.lab.data
-            for r in range(self.lab.num_replicas):
-                pts.append(spec.flatten(model.solve(x + r * skew, y))[self._plane_index])
+        x, y = self.lab.data
+        for r in range(self.lab.num_replicas):
+            optimum = model.solve(x + r * skew, y)
+            if optimum is None:  # the model cannot say where its optimum lies
+                break
+            pts.append(spec.flatten(optimum)[self._plane_index])
         for path in self.charts["plane"].recent(200):
             pts += [np.asarray(q) for q in path]
         pts = np.array(pts)
