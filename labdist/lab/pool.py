@@ -69,10 +69,9 @@ class StrategyPool:
 
     @property
     def dashboard_link(self) -> str | None:
-        link = getattr(self.first, "dashboard_link", None)
-        if link is None:
-            client = getattr(self.first, "client", None)
-            link = proxied_link(getattr(client, "dashboard_link", None))
+        link = self.first.dashboard_link
+        if link is None and self.first.client is not None:  # a cluster it was given
+            link = proxied_link(self.first.client.dashboard_link)
         return link
 
     def strategy(self, key: StrategyKey) -> Any:
