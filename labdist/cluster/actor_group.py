@@ -1,5 +1,5 @@
 """What a group of Dask actors owns and how it lets go: the base of the mirrored replica group
-(dask_group.py) and the parameter-server group (ps_group.py)."""
+(dask_group.py) and the parameter-server group (parameter_server/actors.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Distributing input: split global batches across replicas in order, the distributed
 iterator and the feeds that stand for its elements in a step, the `InputContext` a pipeline's
-`dataset_fn` gets (input_pipelines.py makes those pipelines), and a helper that makes global
+`dataset_fn` gets (pipelines.py makes those pipelines), and a helper that makes global
 batches from arrays."""
 
 from __future__ import annotations

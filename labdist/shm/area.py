@@ -3,7 +3,7 @@ layout. Names are labdist-<group>-<rank>-<pid>-<random>-control for a replica's 
 and ...-data<generation>-<random> for its data files: the random parts make them unguessable
 (a file planted under the next name would otherwise fail a run), and a name that exists all
 the same is retried with another. A process's files are removed when it dies by its janitor
-(shm_janitor.py), and those of dead processes whose janitor could not run when a new area is
+(janitor.py), and those of dead processes whose janitor could not run when a new area is
 made, so killed workers do not fill /dev/shm.
 
 A replica's control file (never resized) holds, per slot, the stamp, the data file's
@@ -109,7 +109,7 @@ def _reserve(fd: int, path: str, size: int) -> None:
 
 def create(prefix: str, suffix: str, size: int) -> Mapping:
     """A new area named `prefix` + random + `suffix`, retried under another name while one
-    exists (someone planted it). The first one starts this process's janitor (shm_janitor.py),
+    exists (someone planted it). The first one starts this process's janitor (janitor.py),
     which removes its files when it dies, however it dies."""
     shm_janitor.ensure(SHM_DIR)
     for _ in range(TRIES):

@@ -1,11 +1,11 @@
 """Same-host transport: each replica publishes its collective messages in files under /dev/shm
 that its peers map and read in place, and signals with a stamp in a small control file
-(shm_area.py) and a byte on each peer's FIFO (shm_wake.py), which wakes a waiting peer in
+(shm/area.py) and a byte on each peer's FIFO (shm/doorbell.py), which wakes a waiting peer in
 microseconds. No socket copies and no event-loop round trips; the Dask mailbox is still
 consulted while waiting, so a peer that took another path, failed, or never comes is reported
 as on Dask comms.
 
-A message that /dev/shm has no room for (its areas reserve their memory: shm_area.py) goes
+A message that /dev/shm has no room for (its areas reserve their memory: shm/area.py) goes
 over Dask comms instead: its stamp says so (generation FALLBACK), and the peers take it from
 their mailbox. Each rank decides this for its own messages only, so no rank has to agree with
 another, and the next message that fits takes shared memory again. The step gets a warning
@@ -293,7 +293,7 @@ class ShmTransport:
                 self._wait(r, words[slot], stamp, seq, phase, what)
 
     def _wait(self, r, words, stamp, seq, phase, what) -> None:
-        """Sleep until the peer's stamp arrives (its doorbell wakes us: shm_wake.py); between
+        """Sleep until the peer's stamp arrives (its doorbell wakes us: shm/doorbell.py); between
         wake-ups, watch the mailbox for news of that peer and the deadline."""
         if words[0] >= stamp or (self.spin and shm_wake.spin(words, stamp, self.spin)):
             return
