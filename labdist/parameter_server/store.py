@@ -21,6 +21,7 @@ from labdist import aggregation
 from labdist.parameter_server.chunked import ChunkedValue, make_kernel
 from labdist.parameter_server.compressed_push import unpack
 from labdist.parameter_server.counters import StoreCounters
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.shm_server import ShmServer
 from labdist.parameter_server.ssp import StalenessBound
 from labdist.parameter_server.sync import ACCEPTED, COMPLETE, DUPLICATE, STALE, SyncReplicas
@@ -32,17 +33,16 @@ INLINE_READ_ELEMENTS = 1 << 20  # reads up to this many elements (4 MB of float3
 
 
 class ParameterStore:
-    """One PS task. `settings`: mode, use_locking, chunk_size, replicas_to_aggregate,
-    staleness_bound (the strategy validated them)."""
+    """One PS task, started with the strategy's `settings` (settings.py)."""
 
-    def __init__(self, index: int, settings: dict):
+    def __init__(self, index: int, settings: PsSettings):
         from distributed import get_worker
 
         self.index = index
         self.address = get_worker().address
-        self.mode = settings["mode"]
-        self.use_locking = settings["use_locking"]
-        self.chunk_size = settings["chunk_size"]
+        self.mode = settings.mode
+        self.use_locking = settings.use_locking
+        self.chunk_size = settings.chunk_size
         self.values: dict[int, ChunkedValue] = {}
         self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
         self.chunk_delay = 0.0
@@ -50,10 +50,9 @@ class ParameterStore:
         metrics.register(self)  # its counters on this worker's /metrics
         self.clock = 0  # pushes applied here (async): what staleness is measured in
         self._clock_lock = threading.Lock()
-        self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"
-                     else None)
-        bound = settings["staleness_bound"]
-        self.ssp = StalenessBound(bound) if bound is not None and index == 0 else None
+        self.sync = (SyncReplicas(settings.replicas_to_aggregate) if settings.sync else None)
+        self.ssp = (StalenessBound(settings.staleness_bound) if settings.bounded and index == 0
+                    else None)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"labdist-ps{index}")
         self._shm: ShmServer | None = None  # made when a worker on this host first asks
         self._closed = False

@@ -28,6 +28,7 @@ from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.parameter_server.compressed_push import PushCompression
 from labdist.parameter_server.liveness import PING, Unresponsive, watched_call
 from labdist.parameter_server.outcome import Ending, Outcome
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.shm_client import ShmPaths
 from labdist.parameter_server.worker_context import Retry, WorkerContext
 from labdist.replica.replica_context import enter
@@ -64,7 +65,7 @@ class ParameterServerWorker:
     at a time, in the order the coordinator sent them."""
 
     def __init__(self, index: int, num_workers: int, stores: list[tuple[str, str]],
-                 settings: dict):
+                 settings: PsSettings):
         from distributed import get_worker
 
         worker = get_worker()
@@ -72,9 +73,9 @@ class ParameterServerWorker:
         self.num_workers = num_workers
         self.address = worker.address
         self.stores = stores
-        self.sync = settings["mode"] == "sync"
-        self.bounded = settings["staleness_bound"] is not None
-        self.ps_timeout = settings["ps_timeout"]
+        self.sync = settings.sync
+        self.bounded = settings.bounded
+        self.ps_timeout = settings.ps_timeout
         self.delay = 0.0
         self.placement: dict[int, int] = {}
         self.datasets: dict[str, Any] = {}
@@ -90,10 +91,10 @@ class ParameterServerWorker:
         self._submitted: tuple[str, int] = ("", -1)  # (coordinator, the last order queued)
         self._held: dict[tuple[str, int], asyncio.Future] = {}  # arrived before their turn
         metrics.register()  # steps and phases on this worker's /metrics
-        self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
+        self._shm = ShmPaths(index, settings.transport != "tcp",
                              self._dask_calls, self._probe)
         self.compression = PushCompression()  # its pushes' compressor and residuals
-        self.compression.set(settings.get("compression"))
+        self.compression.set(settings.compression)
         self._worker = worker
         self._reports: dict[int, tuple[StepLog, StepReporter]] = {}  # per function thread
 
