@@ -181,8 +181,8 @@ class ParameterServerWorker:
         except Retry:
             return Outcome(Ending.RETRY)
         except ParameterServerLostError as e:
-            return Outcome(Ending.PS_LOST, message=str(e), ps_index=getattr(e, "ps_index", None),
-                           silent_s=getattr(e, "silent_s", None))
+            return Outcome(Ending.PS_LOST, message=str(e), ps_index=e.ps_index,
+                           silent_s=e.silent_s)
         except StopIteration:
             error = OutOfRangeError(f"a per-worker iterator on worker {self.index} is exhausted "
                                     "(its dataset has no more elements)")
