@@ -48,6 +48,12 @@ class ParameterServerLostError(ReplicaLostError):
     """The Dask worker holding a parameter server went away, and the variables it held with it:
     training cannot go on; restore the last checkpoint into a new strategy."""
 
+    # set by a PS worker that lost one, so the coordinator can name it and tell a frozen PS
+    # from a gone one: which PS (None: not known) and how long it answered nothing (None: it
+    # refused or dropped the connection instead)
+    ps_index: int | None = None
+    silent_s: float | None = None
+
 
 class OutOfRangeError(LabdistError, IndexError):
     """A scheduled function asked a per-worker iterator for more than its dataset holds."""

@@ -19,6 +19,7 @@ from labdist import actor_call as remote
 from labdist.cluster.actor_group import ActorGroup
 from labdist.errors import ParameterServerLostError
 from labdist.parameter_server.liveness import Unresponsive, watched_call
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.store import ParameterStore
 from labdist.parameter_server.worker import ParameterServerWorker
 
@@ -90,10 +91,10 @@ class ParameterServerGroup(ActorGroup):
         return ([present[i % len(present)] for i in range(num_ps)],
                 present[:num_workers] if num_workers else present)
 
-    def start_actors(self, settings: dict) -> None:
+    def start_actors(self, settings: PsSettings) -> None:
         """Start the parameter servers, then the workers (which need to know where they are)."""
-        self.bounded = settings["staleness_bound"] is not None
-        self.ps_timeout = settings["ps_timeout"]
+        self.bounded = settings.bounded
+        self.ps_timeout = settings.ps_timeout
         try:
             for i, addr in enumerate(self.ps_addresses):
                 key = f"labdist-ps-{self.id}-{i}"

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from labdist.collectives.compression import Compressor, PowerSGD, initial_q, orthonormal_columns
+from labdist.parameter_server.push import Push
 
 COMPRESSIBLE = ("assign_add", "assign_sub", "gradient")
 
@@ -46,12 +47,11 @@ class Packed:
         return self.compressor.decode_sum(np, [self.payload], like)
 
 
-def unpack(items: list[tuple]) -> list[tuple]:
+def unpack(items: list[Push]) -> list[Push]:
     """(store side) A push's items with every compressed update decoded."""
-    if not any(isinstance(a, Packed) for _, _, a, _ in items):
+    if not any(isinstance(p.value, Packed) for p in items):
         return items
-    return [(v, kind, a.decode() if isinstance(a, Packed) else a, agg)
-            for v, kind, a, agg in items]
+    return [p.carrying(p.value.decode()) if isinstance(p.value, Packed) else p for p in items]
 
 
 @dataclass
@@ -95,18 +95,18 @@ class PushCompression:
             return {"raw_bytes": self.raw_bytes, "sent_bytes": self.sent_bytes,
                     "residual_norm": norm}
 
-    def encode(self, items: list[tuple]) -> tuple[list[tuple], Pending]:
+    def encode(self, items: list[Push]) -> tuple[list[Push], Pending]:
         """A push's items as they travel, and what the push owes error feedback once it is
         known to have landed (`commit`) or not (`abort`). Until then the residuals it used
         are held by the push, not by the worker: a concurrent push does not send them too."""
         pending = Pending()
         with self._lock:
             if self.compressor is None and not self.residuals:
-                for var_id, _, a, _ in items:
-                    pending.count(var_id, array_bytes(a), array_bytes(a))
+                for p in items:
+                    pending.count(p.var_id, array_bytes(p.value), array_bytes(p.value))
                 return items, pending
             try:
-                return [self._one(pending, *item) for item in items], pending
+                return [self._one(pending, p) for p in items], pending
             except BaseException:  # e.g. a dtype the compressor refuses: nothing taken
                 for v, r in pending.taken.items():
                     self._add(v, r)
@@ -142,11 +142,12 @@ class PushCompression:
         had = self.residuals.get(var_id)  # another push's, committed meanwhile
         self.residuals[var_id] = residual if had is None else had + residual
 
-    def _one(self, pending: Pending, var_id: int, kind: str, a: np.ndarray, agg: str) -> tuple:
+    def _one(self, pending: Pending, push: Push) -> Push:
         comp = self.compressor
+        var_id, kind, a = push.var_id, push.kind, push.value
         if kind not in COMPRESSIBLE:
             pending.count(var_id, a.nbytes, a.nbytes)
-            return var_id, kind, a, agg
+            return push
         r = pending.new.pop(var_id, None)  # the same variable written twice in one push
         if r is None:
             r = self.residuals.pop(var_id, None)
@@ -155,12 +156,12 @@ class PushCompression:
         m = a + r if r is not None else a
         if comp is None:  # residuals still owed: sent in full, once
             pending.count(var_id, a.nbytes, m.nbytes)
-            return var_id, kind, m, agg
+            return push.carrying(m)
         comp.check_dtype(m.dtype, f"a parameter-server push ({kind})")
         if isinstance(comp, PowerSGD):
             if not comp.compresses(m.shape):  # vectors travel as they are
                 pending.count(var_id, a.nbytes, m.nbytes)
-                return var_id, kind, m, agg
+                return push.carrying(m)
             payload, residual = self._power(comp, pending, var_id, m)
         else:
             payload, sent = comp.encode(np, m, var_id)
@@ -169,7 +170,7 @@ class PushCompression:
             pending.new[var_id] = residual
         packed = Packed(comp, payload, tuple(m.shape), m.dtype.str)
         pending.count(var_id, a.nbytes, array_bytes(payload))
-        return var_id, kind, packed, agg
+        return push.carrying(packed)
 
     def _power(self, comp: PowerSGD, pending: Pending, var_id: int, m: np.ndarray
                ) -> tuple[tuple, np.ndarray]:

@@ -25,6 +25,7 @@ import numpy as np
 from labdist.data.distributed import shard_group
 from labdist.devices import NUMPY
 from labdist.parameter_server.coordinator import ClusterCoordinator
+from labdist.parameter_server.push import Push
 from labdist.replica.replica_context import current
 from labdist.timing import phases
 
@@ -158,7 +159,7 @@ def _step(ctx, step, x, y, rank, iteration, global_step=None, key=None):
     params = [{k: values[v.id] for k, v in w.items()} for w in step.weights]
     local = len(x)
     grads, stats = step.gradients(np, NUMPY, params, x, y, rank, iteration + 1, max(local, 1))
-    items = [(v.id, "gradient", grads[i][k], v.aggregation.name) for i, k, v in names]
+    items = [Push(v.id, "gradient", grads[i][k], v.aggregation) for i, k, v in names]
     statuses, _ = ctx.push(items, step=global_step, key=key, barrier=global_step is None,
                            examples=local)
     status = "dropped" if "dropped" in statuses else sorted(statuses)[0]

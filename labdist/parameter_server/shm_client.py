@@ -192,19 +192,20 @@ class _Channel:
         wire.send(self.sock, (*self._request, where))
 
     def _upload(self, args: tuple) -> tuple:
-        """Write the pushed arrays into the area; the message names where they lie."""
+        """Write the pushed arrays into the area; the message's pushes name where they lie
+        (`InArea`). Values that do not fit (compressed, objects) travel in the message."""
         worker, items, *rest = args
-        arrays = [a if wire.fits(a) else None for _, _, a, _ in items]  # copyto: any layout
+        arrays = [p.value if wire.fits(p.value) else None for p in items]  # copyto: any layout
         refs, need = wire.place([(a.shape, a.dtype) for a in arrays if a is not None])
         self._ensure(need)
         out, refs = [], iter(refs)
-        for (var_id, kind, value, agg), a in zip(items, arrays, strict=True):
+        for push, a in zip(items, arrays, strict=True):
             if a is None:
-                out.append((var_id, kind, ("inline", value), agg))
+                out.append(push)
                 continue
             ref = next(refs)
             np.copyto(wire.view(self.area.bytes, ref), a)
-            out.append((var_id, kind, ("shm", ref), agg))
+            out.append(push.carrying(wire.InArea(ref)))
         return (worker, out, *rest)
 
     def _ensure(self, need: int) -> None:

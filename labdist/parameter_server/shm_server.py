@@ -168,7 +168,8 @@ class ShmServer:
         if method == "push":
             worker, items, basis, step, key, want, examples = args
             copy = store.sync is not None  # a step holds its pushes past this reply
-            items = [(v, kind, _array(mapping, ref, copy), agg) for v, kind, ref, agg in items]
+            items = [p.carrying(_array(mapping, p.value, copy))
+                     if isinstance(p.value, wire.InArea) else p for p in items]
             if store.sync is None:
                 return store.push_now(worker, items, basis, key, want)
             return self._on_loop(store.push(worker, items, basis, step, key, want, examples))
@@ -188,15 +189,11 @@ class ShmServer:
                     raise ConnectionError("the parameter server closed") from None
 
 
-def _array(mapping: area.Mapping | None, ref: Any, copy: bool) -> np.ndarray:
-    """A pushed array: ("shm", ref) lies in the worker's area (read-only here), ("inline",
-    array) came in the message."""
-    how, what = ref
-    if how == "inline":
-        return what
+def _array(mapping: area.Mapping | None, where: wire.InArea, copy: bool) -> np.ndarray:
+    """A pushed array that lies in the worker's area (read-only here; `copy`: a copy)."""
     if mapping is None:
         raise ConnectionError("a push named an area this connection never mapped")
-    value = wire.view(mapping.bytes, what)
+    value = wire.view(mapping.bytes, where.ref)
     if copy:
         return value.copy()
     value = value.view()

@@ -14,6 +14,7 @@ import math
 import pickle
 import socket
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,15 @@ METHODS = ("pull", "push", "wait_step")  # what the path carries; anything else 
 
 # an array's place in an area: (offset, shape, dtype.str)
 Ref = tuple[int, tuple[int, ...], str]
+
+
+@dataclass(frozen=True)
+class InArea:
+    """A pushed array's place in the worker's area, where a `Push` carries it instead of the
+    array (which then needs no pickling): the store reads it there. A value that does not
+    `fit` travels in the message as it is."""
+
+    ref: Ref
 
 
 def send_token(sock: socket.socket, token: str) -> None:

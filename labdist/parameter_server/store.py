@@ -21,9 +21,18 @@ from labdist import aggregation
 from labdist.parameter_server.chunked import ChunkedValue, make_kernel
 from labdist.parameter_server.compressed_push import unpack
 from labdist.parameter_server.counters import StoreCounters
+from labdist.parameter_server.push import Push
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.shm_server import ShmServer
 from labdist.parameter_server.ssp import StalenessBound
-from labdist.parameter_server.sync import ACCEPTED, COMPLETE, DUPLICATE, STALE, SyncReplicas
+from labdist.parameter_server.sync import (
+    ACCEPTED,
+    COMPLETE,
+    DUPLICATE,
+    STALE,
+    StepUpdate,
+    SyncReplicas,
+)
 from labdist.timing import phases, prometheus
 
 KINDS = ("assign", "assign_add", "assign_sub", "gradient")
@@ -31,17 +40,16 @@ INLINE_READ_ELEMENTS = 1 << 20  # reads up to this many elements (4 MB of float3
 
 
 class ParameterStore:
-    """One PS task. `settings`: mode, use_locking, chunk_size, replicas_to_aggregate,
-    staleness_bound (the strategy validated them)."""
+    """One PS task, started with the strategy's `settings` (settings.py)."""
 
-    def __init__(self, index: int, settings: dict):
+    def __init__(self, index: int, settings: PsSettings):
         from distributed import get_worker
 
         self.index = index
         self.address = get_worker().address
-        self.mode = settings["mode"]
-        self.use_locking = settings["use_locking"]
-        self.chunk_size = settings["chunk_size"]
+        self.mode = settings.mode
+        self.use_locking = settings.use_locking
+        self.chunk_size = settings.chunk_size
         self.values: dict[int, ChunkedValue] = {}
         self.optimizers: dict[int, tuple[Any, dict[str, int]]] = {}
         self.chunk_delay = 0.0
@@ -49,10 +57,9 @@ class ParameterStore:
         prometheus.register(self)  # its counters on this worker's /metrics
         self.clock = 0  # pushes applied here (async): what staleness is measured in
         self._clock_lock = threading.Lock()
-        self.sync = (SyncReplicas(settings["replicas_to_aggregate"]) if self.mode == "sync"
-                     else None)
-        bound = settings["staleness_bound"]
-        self.ssp = StalenessBound(bound) if bound is not None and index == 0 else None
+        self.sync = (SyncReplicas(settings.replicas_to_aggregate) if settings.sync else None)
+        self.ssp = (StalenessBound(settings.staleness_bound) if settings.bounded and index == 0
+                    else None)
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"labdist-ps{index}")
         self._shm: ShmServer | None = None  # made when a worker on this host first asks
         self._closed = False
@@ -201,10 +208,10 @@ class ParameterStore:
             return _read_all(chunks, outs)
         return await self._run(_read_all, chunks, outs)
 
-    async def push(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
+    async def push(self, worker: int, items: list[Push],
                    basis: dict[int, int] | None = None, step: int | None = None,
                    key: tuple | None = None, want: bool = False, examples: float = 1.0) -> dict:
-        """Apply one worker's updates: (var_id, kind, array, aggregation) items. Async: applied
+        """Apply one worker's updates (push.py; their values may come compressed). Async: applied
         now; `basis` holds the versions the worker read (none for a blind write). Sync: tagged
         with the global `step` it read and accumulated, standing for `examples` examples in a
         MEAN. When the push did not complete its step, the reply's `wait` is the (step,
@@ -234,7 +241,7 @@ class ParameterStore:
         return {"status": verdict, "global_step": self.sync.global_step, "values": values,
                 "wait": wait}
 
-    def push_now(self, worker: int, items: list[tuple[int, str, np.ndarray, str]],
+    def push_now(self, worker: int, items: list[Push],
                  basis: dict[int, int] | None = None, key: tuple | None = None,
                  want: bool = False) -> dict:
         """Async mode's `push` on the calling thread (a shared-memory connection's, one per
@@ -243,15 +250,16 @@ class ParameterStore:
         self._check(items)
         return self._apply_async(worker, items, basis or {}, want, (worker, key))
 
-    def _check(self, items) -> None:
+    def _check(self, items: list[Push]) -> None:
         """Validate a whole push before applying any of it (nothing half done)."""
-        for var_id, kind, array, _ in items:
+        for push in items:
+            var_id, kind = push.var_id, push.kind
             value = self._value(var_id)
             if kind not in KINDS:
                 raise ValueError(f"kind={kind!r}; allowed: {', '.join(KINDS)}")
-            if np.shape(array) != value.shape:
-                raise ValueError(f"variable #{var_id}: pushed shape {np.shape(array)} but the "
-                                 f"variable has shape {value.shape}")
+            if np.shape(push.value) != value.shape:
+                raise ValueError(f"variable #{var_id}: pushed shape {np.shape(push.value)} but "
+                                 f"the variable has shape {value.shape}")
             if kind == "gradient" and var_id not in self.optimizers:
                 raise ValueError(f"variable #{var_id}: a gradient was pushed but no optimizer "
                                  "is bound to it on this parameter server")
@@ -268,14 +276,16 @@ class ParameterStore:
         return self.values[var_id].update(kernel, self.use_locking, self.chunk_delay, owner,
                                           basis)
 
-    def _apply_async(self, worker, items, basis: dict[int, int], want, owner: tuple) -> dict:
+    def _apply_async(self, worker, items: list[Push], basis: dict[int, int], want,
+                     owner: tuple) -> dict:
         """Apply a push now. Its staleness: the most updates that landed on one of its
         variables between the worker's read and this update's start. `owner` (worker, the
         function's key) made it: what it overwrites of others' is lost (chunked.py)."""
         staleness, interleaved = None, 0
         start = phases.now()
-        for var_id, kind, array, _ in items:
-            overlapped, prior, lost = self._update(var_id, kind, array, None, owner,
+        for push in items:
+            var_id = push.var_id
+            overlapped, prior, lost = self._update(var_id, push.kind, push.value, None, owner,
                                                    basis.get(var_id))
             interleaved += overlapped
             self.counters.lost(lost)
@@ -291,13 +301,14 @@ class ParameterStore:
         return {"status": "applied", "global_step": clock,
                 "values": self._values_of(items) if want else None}
 
-    def _apply_batch(self, batch, step: int) -> None:
-        for var_id, kind, arrays, agg, examples in batch:  # agg: the aggregation's name
-            for value in aggregation.of(agg).ps_values(arrays, examples):
-                self._update(var_id, kind, value, step)
+    def _apply_batch(self, batch: list[StepUpdate], step: int) -> None:
+        for update in batch:
+            rule = aggregation.of(update.aggregation)
+            for value in rule.ps_values(update.values, update.examples):
+                self._update(update.var_id, update.kind, value, step)
 
-    def _values_of(self, items) -> dict[int, np.ndarray]:
-        return {v: self.values[v].read()[0] for v, *_ in items}
+    def _values_of(self, items: list[Push]) -> dict[int, np.ndarray]:
+        return {p.var_id: self.values[p.var_id].read()[0] for p in items}
 
 
 def _read_all(chunks: list[ChunkedValue], outs: list[np.ndarray] | None = None

@@ -18,6 +18,7 @@ from labdist.parameter_server.actors import ParameterServerGroup
 from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
 from labdist.parameter_server.fit import train_model_steps
 from labdist.parameter_server.push_compression import PushCompressionModes
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.stats import ParameterServerStats
 from labdist.parameter_server.worker_context import WorkerStrategy
 from labdist.replica import replica_context
@@ -115,10 +116,10 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         try:
             total, aggregate = self._sync_sizes(group.num_workers, mode,
                                                 total_num_replicas, replicas_to_aggregate)
-            group.start_actors({"mode": mode, "use_locking": use_locking, "chunk_size": chunk_size,
-                         "replicas_to_aggregate": aggregate, "staleness_bound": staleness_bound,
-                         "ps_timeout": float(ps_timeout), "transport": transport,
-                         "compression": compressor})
+            group.start_actors(PsSettings(
+                mode=mode, use_locking=use_locking, chunk_size=chunk_size,
+                replicas_to_aggregate=aggregate, staleness_bound=staleness_bound,
+                ps_timeout=float(ps_timeout), transport=transport, compression=compressor))
         except BaseException:
             group.close()
             raise

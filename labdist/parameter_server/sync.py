@@ -15,15 +15,33 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import numpy as np
+
+from labdist.enums import VariableAggregation
+from labdist.parameter_server.push import Push
 
 # verdicts of offer()
 STALE, DUPLICATE, ACCEPTED, COMPLETE = "dropped", "duplicate", "accepted", "complete"
 RELEASED, STARVED = "released", "starved"  # verdicts of wait_barrier besides ACCEPTED
 
-# applies one step: (var_id, kind, arrays, aggregation, examples) per variable
-Update = Callable[[list[tuple[int, str, list[np.ndarray], str, list[float]]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """One variable's share of a global step: the accepted pushes' values for it (in key
+    order), the examples each stands for, and the aggregation that combines them."""
+
+    var_id: int
+    kind: str
+    values: list[np.ndarray]
+    aggregation: VariableAggregation
+    examples: list[float]
+
+
+# applies one step: a StepUpdate per variable
+Update = Callable[[list[StepUpdate]], Awaitable[None]]
 
 
 class SyncReplicas:
@@ -34,7 +52,7 @@ class SyncReplicas:
         self.global_step = 0
         self.applying = False  # the step's set is complete and its update is being applied
         self.readers = 0
-        self._pending: list[tuple[tuple, int, list, float]] = []
+        self._pending: list[tuple[tuple, int, list[Push], float]] = []
         self._keys: set[tuple] = set()
         self._waiting: Counter[tuple] = Counter()  # keys of pushers waiting at the barrier
         self._release = 0
@@ -51,7 +69,7 @@ class SyncReplicas:
         async with self.cond:
             self.cond.notify_all()
 
-    def offer(self, key: tuple, worker: int, step: int | None, items: list,
+    def offer(self, key: tuple, worker: int, step: int | None, items: list[Push],
               examples: float = 1.0) -> str:
         """Take one worker's push for `step` (None: a blind write, fresh by definition).
         `key` names the work that produced it, so a re-run of lost work counts once;
@@ -74,26 +92,27 @@ class SyncReplicas:
 
     async def apply(self, update: Update) -> None:
         """Aggregate the accepted pushes (in key order, so results do not depend on arrival)
-        and run `update` on (var_id, kind, arrays, aggregation, examples) once no read is in
-        progress; then bump the step."""
+        and run `update` on one StepUpdate per variable (its first push's kind and aggregation)
+        once no read is in progress; then bump the step."""
         batch = sorted(self._pending, key=lambda p: p[0])
         self._pending, self._keys = [], set()
-        by_var: dict[int, tuple[str, str, list[np.ndarray], list[float]]] = {}
+        by_var: dict[int, tuple[Push, list[np.ndarray], list[float]]] = {}
         for _, _, items, examples in batch:
-            for var_id, kind, array, agg in items:
-                known = by_var.setdefault(var_id, (kind, agg, [], []))
-                if known[0] != kind:
+            for push in items:
+                first, values, weights = by_var.setdefault(push.var_id, (push, [], []))
+                if first.kind != push.kind:
                     self.applying = False  # the step's set is dropped; the step stays open
                     await self._notify()
-                    raise ValueError(f"variable #{var_id}: workers pushed {known[0]} and {kind} "
-                                     "in the same step; every worker must update it alike")
-                known[2].append(array)
-                known[3].append(examples)
+                    raise ValueError(f"variable #{push.var_id}: workers pushed {first.kind} and "
+                                     f"{push.kind} in the same step; every worker must update "
+                                     "it alike")
+                values.append(push.value)
+                weights.append(examples)
         async with self.cond:
             await self.cond.wait_for(lambda: self.readers == 0)
         try:
-            await update([(v, kind, arrays, agg, examples)
-                          for v, (kind, agg, arrays, examples) in by_var.items()])
+            await update([StepUpdate(p.var_id, p.kind, values, p.aggregation, weights)
+                          for p, values, weights in by_var.values()])
         finally:
             self.global_step += 1
             self.applying = False

@@ -28,6 +28,7 @@ from labdist.errors import OutOfRangeError, ParameterServerLostError
 from labdist.parameter_server.compressed_push import PushCompression
 from labdist.parameter_server.liveness import PING, Unresponsive, watched_call
 from labdist.parameter_server.outcome import Ending, Outcome
+from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.shm_client import ShmPaths
 from labdist.parameter_server.worker_context import Retry, WorkerContext
 from labdist.replica.replica_context import enter
@@ -63,7 +64,7 @@ class ParameterServerWorker:
     at a time, in the order the coordinator sent them."""
 
     def __init__(self, index: int, num_workers: int, stores: list[tuple[str, str]],
-                 settings: dict):
+                 settings: PsSettings):
         from distributed import get_worker
 
         worker = get_worker()
@@ -71,9 +72,9 @@ class ParameterServerWorker:
         self.num_workers = num_workers
         self.address = worker.address
         self.stores = stores
-        self.sync = settings["mode"] == "sync"
-        self.bounded = settings["staleness_bound"] is not None
-        self.ps_timeout = settings["ps_timeout"]
+        self.sync = settings.sync
+        self.bounded = settings.bounded
+        self.ps_timeout = settings.ps_timeout
         self.delay = 0.0
         self.placement: dict[int, int] = {}
         self.datasets: dict[str, Any] = {}
@@ -89,10 +90,10 @@ class ParameterServerWorker:
         self._submitted: tuple[str, int] = ("", -1)  # (coordinator, the last order queued)
         self._held: dict[tuple[str, int], asyncio.Future] = {}  # arrived before their turn
         prometheus.register()  # steps and phases on this worker's /metrics
-        self._shm = ShmPaths(index, settings.get("transport", "auto") != "tcp",
+        self._shm = ShmPaths(index, settings.transport != "tcp",
                              self._dask_calls, self._probe)
         self.compression = PushCompression()  # its pushes' compressor and residuals
-        self.compression.set(settings.get("compression"))
+        self.compression.set(settings.compression)
         self._worker = worker
         self._reports: dict[int, tuple[StepLog, StepReporter]] = {}  # per function thread
 
@@ -179,8 +180,8 @@ class ParameterServerWorker:
         except Retry:
             return Outcome(Ending.RETRY)
         except ParameterServerLostError as e:
-            return Outcome(Ending.PS_LOST, message=str(e), ps_index=getattr(e, "ps_index", None),
-                           silent_s=getattr(e, "silent_s", None))
+            return Outcome(Ending.PS_LOST, message=str(e), ps_index=e.ps_index,
+                           silent_s=e.silent_s)
         except StopIteration:
             error = OutOfRangeError(f"a per-worker iterator on worker {self.index} is exhausted "
                                     "(its dataset has no more elements)")

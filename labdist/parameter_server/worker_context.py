@@ -15,6 +15,7 @@ import numpy as np
 from labdist import network
 from labdist.collectives import Communicator
 from labdist.devices import NUMPY
+from labdist.parameter_server.push import Push
 from labdist.replica.replica_context import ReplicaContext
 from labdist.timing import phases
 
@@ -72,7 +73,7 @@ class WorkerContext(ReplicaContext):
         self._key = key
         self._versions: dict[int, int] = {}  # var_id -> the version its last pull saw
         self._steps: dict[int, int] = {}  # shard -> the global step its last pull saw
-        self._pending: list[tuple] = []  # sync mode: this function's writes
+        self._pending: list[Push] = []  # sync mode: this function's writes
         self._examples = 1.0  # sync mode: what this function's writes weigh in a MEAN
 
     @property
@@ -123,25 +124,25 @@ class WorkerContext(ReplicaContext):
                              "number >= 0 (how many examples this function's writes stand for)")
         self._examples = float(num_examples)
 
-    def push(self, items: list[tuple], step: int | None = None, key: tuple | None = None,
+    def push(self, items: list[Push], step: int | None = None, key: tuple | None = None,
               want: bool = False, barrier: bool = True, examples: float | None = None
               ) -> tuple[set[str], dict[int, np.ndarray]]:
-        """Send (var_id, kind, array, aggregation) items to their parameter servers; returns
-        the PSs' verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values.
+        """Send updates (push.py) to their variables' parameter servers; returns the PSs'
+        verdicts ("applied", "accepted", "dropped", ...) and, with `want`, values.
         Sync: then wait at the barrier of every PS whose step the push left open (all pushes
         first, so a waiting function has no push still on its way: what lets the coordinator
         tell a stalled step); `barrier=False` for step-bound work, whose next pull waits
         instead. `examples` weighs the push in a MEAN (default: `set_num_examples`, else 1)."""
         if self._executor.delay > 0:  # the straggler knob: this worker computes slowly
             time.sleep(self._executor.delay)
-        by_shard = self._shards([item[0] for item in items])
+        by_shard = self._shards([p.var_id for p in items])
         compression = self._executor.compression
         items, owed = compression.encode(items)  # as they travel (compressed_push)
         weight = self._examples if examples is None else float(examples)
         key = key or self._key
         calls = []
         for shard, ids in by_shard.items():
-            mine = [item for item in items if item[0] in ids]
+            mine = [p for p in items if p.var_id in ids]
             basis = {v: self._versions[v] for v in ids if v in self._versions}
             at = step if step is not None else self._steps.get(shard)
             calls.append((shard, "push", (self.worker_index, mine, basis, at, key, want,
@@ -153,7 +154,7 @@ class WorkerContext(ReplicaContext):
             try:
                 replies = self._executor.call_each(calls)
             except BaseException:
-                compression.abort(owed, [item[0] for item in items])
+                compression.abort(owed, [p.var_id for p in items])
                 raise
             # error feedback counts a push once it landed; a PS it did not reach gets its
             # residuals back as they were (a retry starts from them)
@@ -164,7 +165,7 @@ class WorkerContext(ReplicaContext):
                 if isinstance(r, BaseException):
                     raise r
             if network.CURRENT is not None:  # a modelled link: no faster than it
-                network.delay(sum(np.asarray(item[2]).nbytes for item in items),
+                network.delay(sum(np.asarray(p.value).nbytes for p in items),
                               phases.now() - start)
         for (shard, _, _), r in zip(calls, replies, strict=True):
             values.update(r["values"] or {})
@@ -189,7 +190,7 @@ class WorkerContext(ReplicaContext):
         (async: applied on arrival; sync: sent with the function's other writes when it
         returns, one contribution per function)."""
         arr = var.prepare_update(mode, value, NUMPY)
-        item = (var.id, mode, np.array(arr, copy=True), var.aggregation.name)
+        item = Push(var.id, mode, np.array(arr, copy=True), var.aggregation)
         if self._executor.sync:
             self._pending.append(item)  # pushed with the function's other writes at its end
             return None

@@ -18,6 +18,8 @@ from clusters import local_client
 from test_parameter_server import race
 
 import labdist as ld
+from labdist.enums import VariableAggregation
+from labdist.parameter_server.push import Push
 from labdist.shm import area as shm_area
 
 
@@ -85,7 +87,8 @@ def test_writes_reads_and_errors_travel_as_over_dask_comms(client):
             after = ints.assign_add(np.ones((2, 3), np.int64))  # read_value: values come back
             scalar.assign(2.5)
             with pytest.raises(ValueError, match="pushed shape"):
-                ld.get_replica_context().push([(ints._id, "assign", np.zeros(5), "NONE")])
+                ld.get_replica_context().push(
+                    [Push(ints._id, "assign", np.zeros(5), VariableAggregation.NONE)])
             return np.asarray(after), ints.numpy(), float(scalar.read_value())
 
         after, read, value = ld.ClusterCoordinator(s).schedule(fn).fetch()

@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 *(f"labdist.parameter_server.{m}" for m in (
                     "store", "chunked", "counters", "sync", "ssp", "worker", "worker_context",
                     "outcome", "liveness", "compressed_push", "shm_wire", "shm_client",
-                    "shm_server")))),
+                    "shm_server", "settings", "push")))),
     ("collectives", ("labdist.collectives",)),
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.devices", "labdist.enums",
               "labdist.errors", "labdist.interrupts", "labdist.nest", "labdist.network",
