@@ -2,9 +2,10 @@
 the `ClusterCoordinator` that schedules functions onto its workers (coordinator.py) and the
 `RemoteValue`s it hands out (remote_values.py), the merged `ParameterServerStats`
 (stats.py), `model.fit` on parameter servers (fit.py), the actors' placement and calls
-(actors.py) and the push-compression knob (push_compression.py). In the worker processes:
-the `ParameterStore` actor of each parameter server (store.py, its variables in chunks:
-chunked.py; counters.py; synchronous rounds: sync.py; stale synchronous parallel: ssp.py),
+(actors.py). What both sides share: the actors' settings (settings.py) and a push
+(push.py). In the worker processes: the `ParameterStore` actor of each parameter server
+(store.py, its variables in chunks: chunked.py; counters.py; synchronous rounds: sync.py;
+stale synchronous parallel: ssp.py),
 the `ParameterServerWorker` actor (worker.py) and what a scheduled function sees there
 (worker_context.py), how a call's end is reported (outcome.py) and a frozen server told from
 a busy one (liveness.py), compressed pushes (compressed_push.py), and the same-host path over

@@ -14,10 +14,10 @@ from typing import Any
 
 from labdist import checks
 from labdist.cluster import capacity
+from labdist.collectives import compression as compressors
 from labdist.parameter_server.actors import ParameterServerGroup
 from labdist.parameter_server.coordinator import ClusterCoordinator, Coordinated
 from labdist.parameter_server.fit import train_model_steps
-from labdist.parameter_server.push_compression import PushCompressionModes
 from labdist.parameter_server.settings import PsSettings
 from labdist.parameter_server.stats import ParameterServerStats
 from labdist.parameter_server.worker_context import WorkerStrategy
@@ -38,7 +38,7 @@ def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | 
     return value
 
 
-class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
+class ParameterServerStrategy(Strategy, Coordinated):
     """Variables created in `scope()` live on `num_ps` ParameterStore actors (round-robin);
     functions run on the other workers through `ld.ClusterCoordinator(strategy)`, and
     `model.fit` works as well.
@@ -67,7 +67,8 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         over Dask comms) or "tcp" (Dask comms only). What a call means is the same either way.
     compression: the compressor of every worker's pushes ('none', 'fp16', 'bf16',
         `ld.compression.TopK(ratio)`, `PowerSGD(rank)`), error feedback per worker; settable
-        later as `strategy.compression` (parameter_server/push_compression.py).
+        later as `strategy.compression` (each worker encodes its own pushes and keeps its own
+        error-feedback residuals: parameter_server/compressed_push.py).
     """
 
     def __init__(self, cluster: Any = None, *, num_workers: int | None = None, num_ps: int = 1,
@@ -105,7 +106,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport={transport!r} is not supported; allowed: "
                              f"{', '.join(TRANSPORTS)}")
-        compressor = self._parse_compression(compression)
+        compressor = compressors.parse(compression)  # checked before anything starts
         if num_workers is None and cluster is None:
             num_workers = total_num_replicas or 2
         if cluster is None:
@@ -123,7 +124,6 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         except BaseException:
             group.close()
             raise
-        self._ps_group = group
         self.mode = mode
         self.use_locking = use_locking
         self.replicas_to_aggregate = aggregate
@@ -153,34 +153,62 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
     @property
     def workers(self) -> list[str]:
         """The address of each worker that computes, in worker-index order."""
-        return list(self._ps_group.worker_addresses)
+        return list(self.ps_group.worker_addresses)
 
     @property
     def parameter_servers(self) -> list[str]:
         """The worker address of each parameter server."""
-        return list(self._ps_group.ps_addresses)
+        return list(self.ps_group.ps_addresses)
 
     @property
     def num_workers(self) -> int:
-        return self._ps_group.num_workers
+        return self.ps_group.num_workers
 
     @property
     def num_ps(self) -> int:
-        return self._ps_group.num_ps
+        return self.ps_group.num_ps
 
     @property
     def client(self):
-        return self._ps_group.client
+        return self.ps_group.client
 
     @property
     def dashboard_link(self) -> str | None:
-        return self._ps_group.dashboard_link
+        return self.ps_group.dashboard_link
 
     def parameter_server_of(self, variable: Variable) -> int:
         """Which parameter server holds `variable`."""
         if not isinstance(variable, Variable) or variable.strategy_id != self.id:
             raise ValueError(f"variable={variable!r} is not a variable of {self!r}")
-        return self._ps_group.placement[variable.id]
+        return self.ps_group.placement[variable.id]
+
+    @property
+    def ps_group(self) -> ParameterServerGroup:
+        """The strategy's group (`strategy.group`), with the parameter servers' own calls."""
+        return self.group
+
+    # -- compressed pushes ----------------------------------------------------------------
+    @property
+    def compression(self) -> compressors.Compressor | None:
+        """The compressor of every worker's pushes (None: plain). Settable: 'none', 'fp16',
+        'bf16', or `ld.compression.TopK(ratio)` / `PowerSGD(rank)`; each worker's residuals
+        carry over a change (they go out with its next push). A lost worker is left out:
+        training goes on without it."""
+        return self._push_compressor
+
+    @compression.setter
+    def compression(self, value: Any) -> None:
+        compressor = compressors.parse(value)
+        self._check_open()
+        self.ps_group.call_live_workers("set_compression", compressor)
+        self._push_compressor = compressor
+
+    def push_stats(self) -> list[dict[str, Any]]:
+        """Per worker: `raw_bytes` (its pushed updates' array bytes uncompressed),
+        `sent_bytes` (what they took on the wire, compressed) and `residual_norm` (None for
+        a lost worker: its counters went with it)."""
+        self._check_open()
+        return self.ps_group.call_live_workers("push_stats")
 
     def __repr__(self) -> str:
         extra = (f", replicas_to_aggregate={self.replicas_to_aggregate}, total_num_replicas="
@@ -197,7 +225,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         returns): made on first use, and again once the last one was closed."""
         self._check_open()
         if self._coordinator is None or self._coordinator.closed:
-            self._coordinator = ClusterCoordinator.start(self, self._ps_group)
+            self._coordinator = ClusterCoordinator.start(self, self.ps_group)
             self._lifetime.also_close(self._coordinator.close)
         return self._coordinator
 
@@ -230,7 +258,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         """Staleness histogram, torn reads, lost updates, interleaved updates, updates per
         worker, dropped stale gradients, global step and throughput (stats.py)."""
         self._check_open()
-        shards = self._ps_group.store_call_all("stats")
+        shards = self.ps_group.store_call_all("stats")
         step = (shards[0]["global_step"] if self.mode == "sync"
                 else max(s["global_step"] for s in shards))
         return ParameterServerStats.merge(self.mode, self.use_locking, step, shards,
@@ -238,13 +266,13 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
 
     def reset_stats(self) -> None:
         self._check_open()
-        self._ps_group.store_call_all("reset_stats")
+        self.ps_group.store_call_all("reset_stats")
 
     def set_worker_delay(self, worker: int | str, seconds: float) -> None:
         """Make `worker` (an index or address) a straggler: each of its pushes waits `seconds`
         first (0 to undo)."""
         self._check_open()
-        addresses = self._ps_group.worker_addresses
+        addresses = self.ps_group.worker_addresses
         if isinstance(worker, str) and worker in addresses:
             worker = addresses.index(worker)
         if isinstance(worker, bool) or not isinstance(worker, int) \
@@ -254,7 +282,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
                 or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
-        self._ps_group.call_workers([worker], "set_delay", float(seconds))
+        self.ps_group.call_workers([worker], "set_delay", float(seconds))
 
     def set_chunk_delay(self, seconds: float) -> None:
         """Hold each chunk of every update this long before writing it (0 to undo): the
@@ -264,15 +292,15 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
                 or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
-        self._ps_group.store_call_all("set_chunk_delay", float(seconds))
+        self.ps_group.store_call_all("set_chunk_delay", float(seconds))
 
     def global_step(self) -> int:
         """Steps applied so far: sync mode's global step (every PS keeps the same), async
         mode's largest count of updates on one PS."""
         self._check_open()
         if self.mode == "sync":
-            return self._ps_group.store_call(0, "global_step")
-        return max(self._ps_group.store_call_all("global_step"))
+            return self.ps_group.store_call(0, "global_step")
+        return max(self.ps_group.store_call_all("global_step"))
 
     def bind_optimizer(self, optimizer: Any, weights: list[Variable],
                        slots: list[dict[str, Variable]]) -> None:
@@ -285,7 +313,7 @@ class ParameterServerStrategy(PushCompressionModes, Strategy, Coordinated):
                      tuple(v.id for v in weights), tuple(s.id for d in slots for s in d.values()))
         if signature in self._bound:
             return
-        group = self._ps_group
+        group = self.ps_group
         for weight, state in zip(weights, slots, strict=True):
             home = group.placement[weight.id]
             for slot in state.values():

@@ -26,7 +26,7 @@ def client():
 
 
 def paths(strategy) -> list[dict[int, str]]:
-    group = strategy._ps_group
+    group = strategy.ps_group
     return group.call_workers(list(range(group.num_workers)), "paths")
 
 
