@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from labdist import network
+from labdist import checks, network
 from labdist.enums import VariableAggregation, VariableSynchronization
 
 
@@ -328,10 +328,7 @@ def _bool(name: str):
 
 
 def _sync_period(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"sync_period={value!r} is not allowed; use an integer >= 0 "
-                         "(0: never average)")
-    return value
+    return checks.integer("sync_period", value, 0, meaning="0: never average")
 
 
 def _resync(value: Any) -> str:
@@ -349,12 +346,9 @@ def _compression(value: Any) -> str:
     return text
 
 
-def _integer(name: str, low: int, high: int, note: str = ""):
+def _integer(name: str, low: int, high: int, meaning: str = ""):
     def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{name}={value!r} is not allowed; use an integer from {low} to "
-                             f"{high}{note}")
-        return value
+        return checks.integer(name, value, low, high, meaning=meaning)
     return check
 
 
@@ -373,7 +367,7 @@ _PARSERS = {
     "compression": _compression,
     "topk_ratio": lambda v: _number("topk_ratio", v, 0.0, True, 1.0),
     "powersgd_rank": _integer("powersgd_rank", 1, 64),
-    "local_steps": _integer("local_steps", 0, 10_000, " (0: off)"),
+    "local_steps": _integer("local_steps", 0, 10_000, "0: off"),
     "outer_lr": lambda v: _number("outer_lr", v, 0.0, True, 10.0),
     "outer_momentum": lambda v: _number("outer_momentum", v, 0.0, False, 0.999),
     "latency": _latency,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import checks
 from labdist.cluster.reaper import Lifetime
 from labdist.lab.batch_stream import BatchStream
 from labdist.lab.config import RunConfig
@@ -65,10 +66,7 @@ class Lab:
                 not callable(getattr(model, "init_params", None)):
             raise TypeError(f"model={model!r} is not a lab model (it needs init_params() and "
                             "loss_and_grads(xp, params, x, y)); try ld.lab.Linear(1)")
-        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) \
-                or global_batch_size < 1:
-            raise ValueError(f"global_batch_size={global_batch_size!r} must be a positive "
-                             "integer")
+        checks.integer("global_batch_size", global_batch_size, 1)
         x, y = _data(data, model, seed)
         if len(x) < global_batch_size:
             raise ValueError(f"data has {len(x)} samples, fewer than global_batch_size="
@@ -207,9 +205,7 @@ class Lab:
         """Train `steps` more steps in the background (None: until `pause()`); returns now.
         A run that diverged raises DivergenceError here until `reset()` (its values are not
         finite: training on would only carry NaN along)."""
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                                  or steps < 0):
-            raise ValueError(f"steps={steps!r} must be None or an integer >= 0")
+        checks.integer("steps", steps, 0, optional=True)
         self._check_open()
         if steps != 0:
             self._runner.add_steps(steps)

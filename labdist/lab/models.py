@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist import checks
 from labdist.training import losses
 from labdist.training.layers import Dense
 
@@ -80,8 +81,7 @@ class Linear(LabModel):
     """
 
     def __init__(self, n_features: int = 1, init: tuple[float, float] = (0.0, 0.0)):
-        if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features < 1:
-            raise ValueError(f"n_features={n_features!r} must be a positive integer")
+        checks.integer("n_features", n_features, 1)
         if (not isinstance(init, tuple | list) or len(init) != 2
                 or not all(isinstance(v, int | float) and not isinstance(v, bool)
                            for v in init)):
@@ -142,8 +142,7 @@ class SoftmaxRegression(LabModel):
 
     def __init__(self, n_features: int, n_classes: int, seed: int = 0):
         for name, v in (("n_features", n_features), ("n_classes", n_classes)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be a positive integer")
+            checks.integer(name, v, 1)
         if n_classes < 2:
             raise ValueError(f"n_classes={n_classes!r} must be at least 2")
         self.n_features, self.n_classes, self.seed = n_features, n_classes, seed

@@ -8,6 +8,7 @@ import os
 import signal
 from typing import Any
 
+from labdist import checks
 from labdist.lab.config import Kind
 
 MAX_ADDED = 2  # replicas add_replica may add beyond the starting count (a trace each)
@@ -31,9 +32,7 @@ class ReplicaChanges:
                                "mirrored replicas; switch to kind='mirrored' first")
 
     def kill(self, rank: int, num_replicas: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank={rank!r} is not allowed; use a replica number 0.."
-                             f"{num_replicas - 1}")
+        checks.integer("rank", rank, 0, num_replicas - 1, meaning="a replica number")
         if num_replicas < 2:
             raise ValueError(f"rank={rank!r}: it is the last replica; training needs one "
                              "(add_replica first)")

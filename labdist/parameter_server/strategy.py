@@ -30,12 +30,7 @@ TRANSPORTS = ("auto", "tcp")  # how workers reach parameter servers (parameter_s
 
 
 def _count(name: str, value: Any, minimum: int, optional: bool = True) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
-        raise ValueError(f"{name}={value!r} is not allowed; use {allowed}")
-    return value
+    return checks.integer(name, value, minimum, optional=optional)
 
 
 class ParameterServerStrategy(Strategy, Coordinated):

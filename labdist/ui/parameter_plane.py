@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import traitlets
 
+from labdist import checks
 from labdist.ui.line_chart import PALETTE
 from labdist.ui.stream import StreamChart, esm
 
@@ -34,8 +35,7 @@ class ParameterPlane(StreamChart):
 
     def recent(self, count: int) -> list[list[list[float]]]:
         """Each replica's last `count` points ([a, b] pairs), oldest first."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"count={count!r} must be an integer >= 0")
+        checks.integer("count", count, 0)
         with self._delta_lock:
             return [path[-count:] if count else [] for path in self._paths]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import traitlets
 
+from labdist import checks
 from labdist.timing import phases, timeline
 from labdist.ui.stream import StreamChart, esm
 
@@ -40,9 +41,7 @@ class TimelineChart(StreamChart):
     note = traitlets.Unicode("").tag(sync=True)  # the line in words
 
     def __init__(self, steps: int = LAST_STEPS, **kwargs: Any):
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps={steps!r} is not allowed; use an int >= 1 (steps a lane "
-                             "shows)")
+        checks.integer("steps", steps, 1, meaning="steps a lane shows")
         super().__init__(**kwargs)
         self.steps = steps
         self._window: dict[str, Any] = {"lanes": [], "bars": [], "marks": [], "end": 0.0}

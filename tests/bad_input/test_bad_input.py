@@ -162,7 +162,7 @@ def test_variable_name_must_be_a_string():
 
 def test_reduce_names_axis_when_it_is_a_bool(mirrored2):
     values = mirrored2.run(lambda: np.ones(3, np.float32))
-    with pytest.raises(TypeError, match=r"axis=True is not allowed; use None or an integer"):
+    with pytest.raises(TypeError, match=r"axis=True is not allowed; use an integer or None"):
         mirrored2.reduce("SUM", values, axis=True)
     np.testing.assert_array_equal(mirrored2.reduce("SUM", values, axis=None), [2, 2, 2])
 

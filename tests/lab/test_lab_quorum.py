@@ -107,8 +107,8 @@ def test_bad_replica_calls_change_nothing():
     with ld.Lab(model=Counting(), data=DATA, num_replicas=2, fault_tolerance="quorum",
                 learning_rate=1.0) as lab:
         for rank in (2, -1, "0", True):
-            with pytest.raises(ValueError, match=r"rank=.* is not allowed; use a replica "
-                               r"number 0\.\.1"):
+            with pytest.raises(ValueError, match=r"rank=.* is not allowed; use an integer in "
+                               r"0\.\.1 \(a replica number\)"):
                 lab.kill_replica(rank)
         lab.step(2)
         assert lab.num_replicas == 2 and float(lab.values()[1]["theta"]) == 2.0

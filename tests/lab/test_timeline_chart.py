@@ -59,7 +59,8 @@ def test_a_straggler_shows_as_the_other_lane_waiting(mirrored2):
 
 
 def test_bad_steps_is_refused():
-    with pytest.raises(ValueError, match=r"steps=0 is not allowed; use an int >= 1"):
+    with pytest.raises(ValueError,
+                       match=r"steps=0 is not allowed; use an integer >= 1 \(steps a lane shows\)"):
         TimelineChart(steps=0)
 
 
