@@ -86,7 +86,7 @@ def test_an_outsized_collective_gives_its_shared_memory_back():
 
 KILLED = """
 import os, sys
-from labdist.collectives.transports import shm_area
+from labdist.shm import area as shm_area
 area = shm_area.create(f"/dev/shm/labdist-killtest-0-{os.getpid()}", "-control", 4096)
 print(area.path, flush=True)
 sys.stdin.read()

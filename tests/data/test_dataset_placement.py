@@ -143,7 +143,7 @@ def test_one_process_strategies_do_not_place():
 KILLED = """
 import numpy as np
 import labdist as ld
-from labdist import placed
+from labdist.shm import placed
 
 with ld.MirroredStrategy(num_replicas=2) as strategy:
     dist = strategy.experimental_distribute_dataset(ld.batches(np.ones((8, 3)), 4))
