@@ -169,6 +169,7 @@ class SoloTransport:
 
     name, layer, requirement, alone, bootstraps = "solo", HOST, "one replica", True, False
     last_arrival = None  # no peers: nothing arrives
+    reads_in_place, cores = False, 1
 
     def probe(self) -> int:
         return 0

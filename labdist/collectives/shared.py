@@ -35,7 +35,7 @@ def shared_reads(comm: Any, nbytes: int = 0) -> bool:
     one process alone sets (a per-worker network model) may enter it; a network model
     charges what is published."""
     return (comm.world > 2 and nbytes <= SHARED_MAX_BYTES
-            and comm.host.name == "shm")
+            and comm.host.reads_in_place)
 
 
 def segment_min_bytes(comm: Any, generic: int) -> int:
@@ -52,4 +52,4 @@ def owners(comm: Any) -> int:
     segments."""
     if not shared_reads(comm):
         return comm.world
-    return max(1, min(comm.world, comm.host.cores))  # the shm transport's (shared_reads)
+    return max(1, min(comm.world, comm.host.cores))

@@ -22,6 +22,8 @@ class DaskTransport:
     alone: ClassVar[bool] = True
     bootstraps: ClassVar[bool] = False
     last_arrival: float | None = None
+    reads_in_place: ClassVar[bool] = False
+    cores: int = 1
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint

@@ -82,6 +82,8 @@ class LoopbackTransport:
     alone: ClassVar[bool] = True
     bootstraps: ClassVar[bool] = False
     last_arrival: float | None = None
+    reads_in_place: ClassVar[bool] = False
+    cores: int = 1
 
     def __init__(self, endpoint: Endpoint, hub: LoopbackHub):
         self.endpoint = endpoint

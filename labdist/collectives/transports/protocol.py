@@ -71,6 +71,12 @@ class HostTransport(Transport, Protocol):
     # when the last peer's message of the latest exchange arrived (time.time()), for the
     # recorded wait (timing/phases.py); None where the transport cannot tell
     last_arrival: float | None
+    # peers read a rank's published message in place (one copy for all, not one per peer):
+    # the collectives then reduce-scatter across `cores` owners (collectives/shared.py)
+    reads_in_place: ClassVar[bool]
+    # the fewest cores any rank of the group may run on, agreed at connect (1 where the
+    # transport does not ask)
+    cores: int
 
     def start_run(self, run: int) -> None:
         """A step begins: its messages are keyed by `run`."""

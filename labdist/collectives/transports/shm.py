@@ -65,6 +65,7 @@ class ShmTransport:
     alone: ClassVar[bool] = False
     bootstraps: ClassVar[bool] = False
     last_arrival: float | None = None
+    reads_in_place: ClassVar[bool] = True  # peers map this rank's data area
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
