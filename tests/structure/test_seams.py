@@ -77,3 +77,5 @@ def test_the_group_capabilities_say_what_each_group_does():
     assert NcclTransport.bootstraps
     assert not any(t.bootstraps for t in (DaskTransport, LoopbackTransport, ShmTransport,
                                           SoloTransport))
+    assert ShmTransport.reads_in_place  # peers map its data area: one copy for every reader
+    assert not any(t.reads_in_place for t in (DaskTransport, LoopbackTransport, SoloTransport))
