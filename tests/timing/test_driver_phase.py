@@ -64,7 +64,7 @@ def test_driver_spans_lie_between_the_replicas_steps(mirrored2):
         assert sent[run][2] <= min(s[1] for s in steps) + TOLERANCE_S, (sent[run], steps)
         assert after[run][1] >= max(s[2] for s in steps) - TOLERANCE_S, (after[run], steps)
         # while the straggler sleeps the driver only waits: no driver span covers it
-        assert after[run][1] - sent[run][2] >= STRAGGLE_S
+        assert after[run][1] - sent[run][2] >= STRAGGLE_S - TOLERANCE_S  # two clocks
     # a plain run's last stretch ends when it returns: none runs on into the next call
     assert all(s[2] - s[1] < STRAGGLE_S for s in spans), spans
 
