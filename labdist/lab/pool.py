@@ -103,7 +103,7 @@ class StrategyPool:
             else:
                 from labdist.lab.ps_engine import ParameterServerEngine
 
-                self._engines[key] = ParameterServerEngine(strategy, model, spec)
+                self._engines[key] = ParameterServerEngine(strategy, key.kind, model, spec)
         return self._engines[key]
 
     def fresh(self) -> None:

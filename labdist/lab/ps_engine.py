@@ -40,11 +40,13 @@ STATS_EVERY_S = 0.1  # how often the parameter servers' counters are fetched whi
 
 
 class ParameterServerEngine:
-    def __init__(self, strategy, model: LabModel, spec: ParamSpec):
+    def __init__(self, strategy, kind: Kind, model: LabModel, spec: ParamSpec):
+        """`kind`: the lab's own name for the strategy's mode (PS_ASYNC or PS_SYNC), as the
+        pool made the strategy from it: kept, not read back from the strategy's string."""
         from labdist.parameter_server import ClusterCoordinator
 
         self.strategy = strategy
-        self.kind = Kind.of_ps_mode(strategy.mode)
+        self.kind = kind
         self.model = model
         self.spec = spec
         self.num_replicas = strategy.num_workers
