@@ -7,6 +7,7 @@ things, so a notebook or a test can drive a lab without a browser.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -193,6 +194,11 @@ class Lab:
         self._check_open()
         self._replicas.check(self.config.kind)
         self._replicas.kill(rank, self.num_replicas)
+
+    def workers_to_poll(self) -> contextlib.AbstractContextManager[list[str]]:
+        """The lab cluster's workers a poll of them all may ask now (the panel's timeline),
+        steady while it runs: never a worker the lab killed, and no kill in between."""
+        return self._replicas.workers_to_poll(self.strategy.client)
 
     def add_replica(self) -> None:
         """Start one more worker on the lab's cluster (quorum mode): it becomes a replica at

@@ -4,8 +4,11 @@ goes on through both (quorum/training.py); the runner logs each change as an eve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from labdist import checks
@@ -22,6 +25,18 @@ class ReplicaChanges:
         self.quorum = strategy.fault_tolerance == "quorum"
         self.slots = num_replicas + (MAX_ADDED if self.quorum else 0)
         self._added = 0
+        self._killed: set[str] = set()  # worker addresses this lab killed (never back)
+        self._polling = threading.Lock()  # a kill waits for a poll of the workers to end
+
+    @contextlib.contextmanager
+    def workers_to_poll(self, client: Any) -> Iterator[list[str]]:
+        """The worker addresses a poll of every worker (the timeline) may ask now, held steady
+        while the poll runs: a kill waits for it, and a worker this lab killed is never asked
+        (the ask would fail, and Dask's scheduler prints each failed broadcast as an ERROR
+        in the notebook, for a kill the user asked for)."""
+        with self._polling:
+            yield [a for a in client.scheduler_info(n_workers=-1)["workers"]
+                   if a not in self._killed]
 
     def check(self, kind: Kind) -> None:
         if not self.quorum:
@@ -36,7 +51,10 @@ class ReplicaChanges:
         if num_replicas < 2:
             raise ValueError(f"rank={rank!r}: it is the last replica; training needs one "
                              "(add_replica first)")
-        os.kill(int(self.strategy.replicas[rank]["pid"]), signal.SIGKILL)
+        info = self.strategy.replicas[rank]
+        with self._polling:
+            self._killed.add(info["address"])
+            os.kill(int(info["pid"]), signal.SIGKILL)
 
     def add(self) -> None:
         if self._added >= MAX_ADDED:

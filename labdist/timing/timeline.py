@@ -18,12 +18,14 @@ _offsets: dict[str, tuple[float, float]] = {}  # worker address -> (measured at,
 MARGIN_S = 0.1  # workers send spans ending this much before the window (offsets' error: ms)
 
 
-def clock_offsets(client: Any, rounds: int = ROUND_TRIPS) -> dict[str, float]:
-    """Worker address -> seconds its wall clock runs ahead of the driver's."""
+def clock_offsets(client: Any, rounds: int = ROUND_TRIPS, workers: list[str] | None = None
+                  ) -> dict[str, float]:
+    """Worker address -> seconds its wall clock runs ahead of the driver's (every worker, or
+    those in `workers`)."""
     best: dict[str, tuple[float, float]] = {}
     for _ in range(rounds):
         t0 = time.time()
-        readings = client.run(phases.clock)
+        readings = client.run(phases.clock, workers=workers)
         t1 = time.time()
         for address, reading in readings.items():
             if address not in best or t1 - t0 < best[address][0]:
@@ -36,17 +38,18 @@ def _fresh_offsets() -> dict[str, float]:
     return {a: off for a, (when, off) in _offsets.items() if at - when <= OFFSET_TTL_S}
 
 
-def _measure(client: Any, rounds: int) -> dict[str, float]:
+def _measure(client: Any, rounds: int, workers: list[str] | None) -> dict[str, float]:
     at = time.monotonic()
-    _offsets.update({a: (at, off) for a, off in clock_offsets(client, rounds).items()})
+    _offsets.update({a: (at, off)
+                     for a, off in clock_offsets(client, rounds, workers).items()})
     return _fresh_offsets()
 
 
-def known_offsets(client: Any, rounds: int = ROUND_TRIPS, again: bool = False
-                  ) -> dict[str, float]:
+def known_offsets(client: Any, rounds: int = ROUND_TRIPS, again: bool = False,
+                  workers: list[str] | None = None) -> dict[str, float]:
     """Worker address -> clock offset: those measured in the last `OFFSET_TTL_S` seconds, or
     all measured now if there are none (or `again`: a worker new to us answered)."""
-    return (not again and _fresh_offsets()) or _measure(client, rounds)
+    return (not again and _fresh_offsets()) or _measure(client, rounds, workers)
 
 
 def earliest(since: float, offsets: dict[str, float]) -> float:
@@ -56,21 +59,22 @@ def earliest(since: float, offsets: dict[str, float]) -> float:
 
 
 def collect(client: Any | None, since: float = 0.0, rounds: int = ROUND_TRIPS,
-            shifted: bool = True) -> list[dict[str, Any]]:
+            shifted: bool = True, workers: list[str] | None = None) -> list[dict[str, Any]]:
     """Every process's spans begun since `since` (driver clock), on the driver's clock: one dict per
     process with `name` (worker address or "driver"), `pid`, `offset`, `threads`, `spans`.
     Each process sends only its spans of the window (phases.Recorder.snapshot); offsets are
     measured again only where a worker has none from the last `OFFSET_TTL_S` seconds (a
     timeline refreshed every second, a trace per notebook cell). `shifted=False` leaves each
     worker's spans on its own clock, unfiltered (a trace shifts them as it writes them: one
-    pass over the spans instead of two); the dict's `clock` says which."""
+    pass over the spans instead of two); the dict's `clock` says which. `workers`: ask only
+    these worker addresses (default: every worker of `client`)."""
     found = []
     if client is not None:
-        offsets = known_offsets(client, rounds)
-        snaps = client.run(phases.snapshot, earliest(since, offsets))
+        offsets = known_offsets(client, rounds, workers=workers)
+        snaps = client.run(phases.snapshot, earliest(since, offsets), workers=workers)
         if any(address not in offsets for address in snaps):  # a worker new to us
-            offsets = known_offsets(client, rounds, again=True)
-            snaps = client.run(phases.snapshot, earliest(since, offsets))
+            offsets = known_offsets(client, rounds, again=True, workers=workers)
+            snaps = client.run(phases.snapshot, earliest(since, offsets), workers=workers)
         for address, snap in sorted(snaps.items()):
             off = offsets.get(address, 0.0)
             if not shifted:

@@ -219,7 +219,11 @@ class Publisher:
             if self.lab.state == "running":
                 client = self.lab.strategy.client
                 if client is not None:
-                    self._safe(self.charts["timeline"].refresh, client)
+                    self._safe(self._refresh_timeline, client)
+
+    def _refresh_timeline(self, client: Any) -> None:
+        with self.lab.workers_to_poll() as workers:
+            self.charts["timeline"].refresh(client, workers=workers)
 
     def _ps_stats(self, item: PsStatsItem) -> None:
         seen = Counter({int(k): v for k, v in item.staleness.items()})

@@ -69,9 +69,11 @@ class TimelineChart(StreamChart):
             self.note = ""
             self._emit({"type": "snapshot", **self._snapshot()})
 
-    def refresh(self, client: Any, seconds: float = 3.0) -> None:
-        """Show what every process of `client`'s cluster recorded in the last `seconds`."""
-        self.show(timeline.collect(client, time.time() - seconds, rounds=2))
+    def refresh(self, client: Any, seconds: float = 3.0, workers: list[str] | None = None
+                ) -> None:
+        """Show what every process of `client`'s cluster (or its `workers`) recorded in the
+        last `seconds`."""
+        self.show(timeline.collect(client, time.time() - seconds, rounds=2, workers=workers))
 
     def show(self, processes: list[dict[str, Any]]) -> None:
         """Draw the last `steps` steps of each lane of `processes` (timeline.collect's)."""

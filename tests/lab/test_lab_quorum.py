@@ -4,6 +4,8 @@ replicas' updates), so theta == steps completed means no step was lost or applie
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 
 import numpy as np
@@ -69,6 +71,64 @@ def test_kill_a_replica_mid_run_the_others_go_on():
         assert lost[0].step >= killed_at
         assert 1 in lab.history.contributions  # steps trained by the survivor alone
         check_counted(lab)
+
+
+class Broadcasts(logging.Handler):
+    """Dask's scheduler's ERROR lines for asks of a worker that failed (printed in red in a
+    notebook)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.failed: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "broadcast to" in record.getMessage():
+            self.failed.append(record.getMessage())
+
+
+def test_a_kill_never_fails_the_timelines_poll_of_the_workers():
+    """The panel's timeline asks every worker each second; a worker the lab kills is never
+    asked again, and a kill waits for a poll in flight, so no ask fails (each would print a
+    scheduler ERROR in the notebook) for a kill the user asked for."""
+    from labdist.timing import timeline
+
+    failed = Broadcasts()
+    logging.getLogger("distributed.scheduler").addHandler(failed)
+    polls, errors, stop = [], [], threading.Event()
+    try:
+        with ld.Lab(model=Slow(), data=DATA, num_replicas=2, fault_tolerance="quorum",
+                    global_batch_size=8, learning_rate=1.0) as lab:
+            client = lab.strategy.client
+
+            def poll() -> None:
+                while not stop.is_set():
+                    try:
+                        with lab.workers_to_poll() as asked:
+                            timeline.collect(client, time.time() - 1.0, rounds=1,
+                                             workers=asked)
+                        polls.append(asked)
+                    except Exception as e:  # the test's finding: any failed poll
+                        errors.append(e)
+
+            lab.run(300)
+            wait_for(lambda: lab.step_count >= 10, 60, "the run did not start")
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            wait_for(lambda: len(polls) >= 3, 30, "the poll did not run")
+            killed = lab.strategy.replicas[1]["address"]
+            lab.kill_replica(1)
+            after = len(polls)
+            lab.wait(timeout=120)
+            wait_for(lambda: workers(lab) == 2, 90, "the nanny did not restart the worker")
+            wait_for(lambda: len(polls) >= after + 5, 30, "the poll stopped")
+            stop.set()
+            poller.join(10)
+    finally:
+        stop.set()
+        logging.getLogger("distributed.scheduler").removeHandler(failed)
+    assert errors == [] and failed.failed == []
+    assert all(killed not in asked for asked in polls[after:])
+    assert killed in polls[0] and len(polls[-1]) == 2  # the replacement is asked
 
 
 def test_add_replica_grows_within_two_steps_with_identical_copies():
