@@ -12,6 +12,7 @@ from labdist.cli.notebook_outputs import save_options
 from labdist.cli.paths import user_path
 
 FIRST_NOTEBOOK = "00_lab.ipynb"
+CONTENTS = "labdist.cli.notebook_contents.LabdistNotebooks"  # notebooks open unmodified
 
 
 def notebooks_dir() -> Path | None:
@@ -23,7 +24,8 @@ def notebooks_dir() -> Path | None:
 def lab_command(directory: Path, port: int | None, no_browser: bool,
                 extra: list[str]) -> list[str]:
     """The `jupyter lab` command line: served from `directory`, opening the lab notebook."""
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={directory}"]
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={directory}",
+           f"--ServerApp.contents_manager_class={CONTENTS}"]
     if (directory / FIRST_NOTEBOOK).is_file():
         cmd.append(f"--LabApp.default_url=/lab/tree/{FIRST_NOTEBOOK}")
     if port is not None:
