@@ -20,7 +20,8 @@ NAN = float("nan")
 
 
 def make_charts(lab) -> dict[str, LineChart]:
-    replicas = [f"replica {r}" for r in range(lab.num_replicas)]
+    # quorum mode: room for the replicas add_replica may add (the panel hides empty slots)
+    replicas = [f"replica {r}" for r in range(lab.replica_slots)]
     return {
         "bytes": LineChart(title="bytes each replica sent per step", y_label="bytes",
                            series=replicas, zero_y=True),
@@ -73,7 +74,8 @@ class Feed:
         # a quorum lab that lost a replica sends fewer columns: the missing ones are gaps
         self.charts["bytes"].append(x, _columns([(list(b) + nothing)[:self.n] if b
                                                  else nothing for b in sent]))
-        self.charts["residual"].append(x, _columns([c["residual_norm"] if c else nothing
+        self.charts["residual"].append(x, _columns([(list(c["residual_norm"]) + nothing)
+                                                    [:self.n] if c else nothing
                                                     for c in comm]))
         outer = []
         for c in comm:

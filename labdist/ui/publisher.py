@@ -61,7 +61,7 @@ class Publisher:
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
-        self._communication = communication_controls.Feed(charts, lab.num_replicas) \
+        self._communication = communication_controls.Feed(charts, lab.replica_slots) \
             if "outer" in charts else None
         self._plane_index = ([lab.spec.index(p) for p in plane]
                              if plane and "plane" in charts else None)
@@ -208,10 +208,10 @@ class Publisher:
         """Legends and delay sliders for the replicas there are now (quorum mode: slots for
         replicas not there, lost or not yet added, stay out of sight)."""
         n, slots = self.lab.num_replicas, self.lab.replica_slots
-        missing = [f"replica {r}" for r in range(n, slots)]
+        missing = {f"replica {r}" for r in range(n, slots)}
         for chart in self.charts.values():
-            if any(name in chart.series for name in missing):
-                chart.hidden = missing
+            if any(name.startswith("replica ") for name in chart.series):
+                chart.hidden = [name for name in chart.series if name in missing]
         self.controls.show_replicas(n)
 
     def _timeline_loop(self) -> None:

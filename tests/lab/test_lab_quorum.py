@@ -220,5 +220,9 @@ def test_the_panel_buttons_kill_and_add_and_the_traces_follow():
         assert traces[2][-1] == float(lab.step_count)  # the added one
         assert {v for m in sent["spread"] if m["type"] == "append" for v in m["y"][0]} == {0.0}
         assert plane.hidden == ["replica 3"]  # the added replica is listed, with its slider
+        per_replica = {name: chart.hidden for name, chart in panel.charts.items()
+                       if "replica 0" in chart.series}
+        assert {"loss", "track:theta", "bytes", "residual"} <= per_replica.keys()
+        assert all(hidden == ["replica 3"] for hidden in per_replica.values()), per_replica
         assert [s.layout.display != "none" for s in panel.controls.delays] == [True] * 3 + [False]
         panel.close()

@@ -45,6 +45,10 @@ LABELS = """() => [...document.querySelectorAll('.labdist-line-chart')].map(el =
   title: el.dataset.title, drawn: JSON.parse(el.dataset.labels || '[]').length,
   events: el.labdist.events.length}))"""
 VIEW = """(cls) => { const s = document.querySelector(cls).labdist; return {...s.view}; }"""
+# the parameter plane's drawn box (its surface's bounds): width and height
+PLANE = """() => { const s = document.querySelector('.labdist-plane').labdist;
+  if (!s.surface) return null; const [a0, a1, b0, b1] = s.surface.c.bounds;
+  return [a1 - a0, b1 - b0]; }"""
 CONTROLS = """() => {
   const sel = 'button, input, select, .widget-slider, .widget-readout, .widget-toggle-buttons,'
     + ' .widget-checkbox, .jupyter-widgets.widget-inline-hbox';
@@ -162,12 +166,17 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
         # a learning-rate blow-up, and its recovery
         page.wait_for_timeout(1500)
         calm = page.evaluate(VIEW, ".labdist-loss")
+        calm_box = page.evaluate(PLANE)
         _set_readout(page, "learning-rate", "0.3")
         page.locator(".labdist-log", has_text="learning_rate → 0.3").wait_for(
             timeout=30_000)
         page.wait_for_timeout(2000)
         peak = page.evaluate(VIEW, ".labdist-loss")
         assert peak["dataHi"] > calm["dataHi"]  # the blow-up shows
+        # the plane's box widens to hold the excursion (measured: 0.39 x 0.68 -> 2.8 x 1.3)
+        page.wait_for_function(
+            f"() => {{ const b = ({PLANE})(); return b && b[0] > 2 * {calm_box[0]}; }}",
+            timeout=10_000)
         _set_readout(page, "learning-rate", "0.05")
         page.locator(".labdist-log", has_text="learning_rate → 0.05").wait_for(
             timeout=30_000)
@@ -178,6 +187,11 @@ def test_a_newcomer_session_at_1280x800(tmp_path):
             arg=peak["dataHi"], timeout=10_000)
         back = time.monotonic() - recovered
         assert back <= 10.0
+        # ... and the plane's axes come back to the paths once the last 200 points are near
+        # the optimum again (they used to stay at the blow-up's box for good)
+        page.wait_for_function(
+            f"() => {{ const b = ({PLANE})(); return b && b[0] < 1.5 * {calm_box[0]}"
+            f" && b[1] < 1.5 * {calm_box[1]}; }}", timeout=20_000)
         for chart in (".labdist-loss", ".labdist-spread", ".labdist-track-w"):
             v = page.evaluate(VIEW, chart)  # the axis hugs the visible window's data
             span = max(v["dataHi"] - v["dataLo"], 1e-9)
