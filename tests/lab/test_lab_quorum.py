@@ -219,6 +219,9 @@ def test_the_panel_buttons_kill_and_add_and_the_traces_follow():
         assert traces[1][-1] == traces[0][-1] == float(lab.step_count)  # ... and is back
         assert traces[2][-1] == float(lab.step_count)  # the added one
         assert {v for m in sent["spread"] if m["type"] == "append" for v in m["y"][0]} == {0.0}
+        # every chart marks who was lost and who joined, where it happened
+        marks = [m["label"] for m in sent["spread"] if m["type"] == "event"]
+        assert marks[0] == "replica 1 lost" and "replica 2 joined" in marks, marks
         assert plane.hidden == ["replica 3"]  # the added replica is listed, with its slider
         per_replica = {name: chart.hidden for name, chart in panel.charts.items()
                        if "replica 0" in chart.series}
