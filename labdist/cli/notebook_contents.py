@@ -32,9 +32,8 @@ def fill_language_info(model: dict[str, Any]) -> None:
     if not isinstance(content, dict):
         return
     metadata = content.get("metadata", {})
-    info = kernel_language_info()
-    if metadata.get("language_info") == {"name": "python"} and info is not None:
-        metadata["language_info"] = info
+    if metadata.get("language_info") == {"name": "python"}:
+        metadata["language_info"] = kernel_language_info() or metadata["language_info"]
 
 
 class LabdistNotebooks(AsyncLargeFileManager):

@@ -66,16 +66,17 @@ class Feed:
         self.charts, self.n = charts, n
         self._outer: tuple[float, float] = (NAN, NAN)
 
+    def _per_slot(self, values) -> list[float]:
+        """One value per replica slot: a quorum lab with a replica lost (or not yet added)
+        sends fewer, and a step that sent nothing sends none; the missing ones are gaps."""
+        return (list(values or []) + [NAN] * self.n)[:self.n]
+
     def append(self, rows: list[StepItem]) -> None:
         x = [r.step for r in rows]
-        nothing = [NAN] * self.n  # a gap
         comm = [r.communication for r in rows]
         sent = [r.sent for r in rows]  # every mirrored step's, compressed or not
-        # a quorum lab that lost a replica sends fewer columns: the missing ones are gaps
-        self.charts["bytes"].append(x, _columns([(list(b) + nothing)[:self.n] if b
-                                                 else nothing for b in sent]))
-        self.charts["residual"].append(x, _columns([(list(c["residual_norm"]) + nothing)
-                                                    [:self.n] if c else nothing
+        self.charts["bytes"].append(x, _columns([self._per_slot(b) for b in sent]))
+        self.charts["residual"].append(x, _columns([self._per_slot(c and c["residual_norm"])
                                                     for c in comm]))
         outer = []
         for c in comm:
