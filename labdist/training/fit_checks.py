@@ -11,21 +11,42 @@ from typing import Any
 import numpy as np
 
 from labdist import checks
-from labdist.training import layers as layers_mod
 from labdist.training.callback_base import Callback
 
 
-def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
-    """x as float32 (samples, features) and y as an array of the same length, at least one
-    sample."""
+def sample_shape(value: Any) -> tuple[int, ...]:
+    """`model.build`'s argument as one sample's shape: an int n is (n,), and Keras' leading
+    None (the batch axis) is dropped."""
+    shape = (value,) if isinstance(value, int | np.integer) else value
+    if isinstance(shape, tuple | list) and shape and shape[0] is None:
+        shape = shape[1:]
+    if (not isinstance(shape, tuple | list) or not shape
+            or any(isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
+                   for n in shape)):
+        checks.refuse("input_shape", value, "positive integers, like (784,), (None, 784) or "
+                      "(28, 28, 1)")
+    return tuple(int(n) for n in shape)
+
+
+def _float_x(x: Any, what: str) -> np.ndarray:
     try:
         x = np.asarray(x, dtype=np.float32)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{what}: x cannot be read as numbers ({e}); allowed: a numeric "
-                        "array of shape (samples, features)") from None
+                        "array of shape (samples, ...)") from None
+    if x.ndim < 2:
+        raise ValueError(f"{what}: x has shape {x.shape}; allowed: (samples, features) or "
+                         "(samples, ...) for layers that take images or sequences")
+    return x
+
+
+def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
+    """x as float32 (samples, ...) and y as an array of the same length, at least one
+    sample."""
+    x = _float_x(x, what)
     y = np.asarray(y)
-    if x.ndim != 2 or len(x) != len(y):
-        raise ValueError(f"{what}: x must be (samples, features) and y (samples, ...) of the "
+    if len(x) != len(y):
+        raise ValueError(f"{what}: x must be (samples, ...) and y (samples, ...) of the "
                          f"same length; got x {x.shape} and y {y.shape}")
     if len(x) == 0:
         raise ValueError(f"{what}: x and y hold 0 samples; allowed: at least 1")
@@ -35,33 +56,36 @@ def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def input_dim(model) -> int | None:
-    """The number of features the model's first Dense takes (None: not built yet)."""
-    if not model.built:
-        return None
-    first = next((v for v in model.weights if v.name.endswith("/kernel")), None)
-    return None if first is None else int(first.shape[0])
-
-
-def outputs(model, features: int) -> int:
-    """The width of the model's output for inputs of `features`."""
-    width = features
-    for layer in model.layers:
-        if isinstance(layer, layers_mod.Dense):
-            width = layer.units
-    return width
+def inputs(model, x: Any, what: str) -> np.ndarray:
+    """x as float32, each sample of the shape the model takes (of a shape its layers can take,
+    before it is built), with values its first layer takes (an embedding's ids)."""
+    x = _float_x(x, what)
+    expected = model.input_shape
+    if expected is not None and x.shape[1:] != expected[1:]:
+        if x.ndim == 2 and len(expected) == 2:
+            raise ValueError(f"{what}: x has {x.shape[1]} features per sample, but the "
+                             f"model's first layer takes {expected[1]}; allowed: x of shape "
+                             f"(samples, {expected[1]})")
+        raise ValueError(f"{what}: x has samples of shape {x.shape[1:]}, but the model takes "
+                         f"{expected[1:]}; allowed: x of shape (samples, "
+                         f"{', '.join(map(str, expected[1:]))})")
+    if expected is None:
+        try:
+            model.shapes(x.shape[1:])
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    if model.layers:
+        model.layers[0].check_input_values(x, what)
+    return x
 
 
 def check_data(model, x: np.ndarray, y: np.ndarray, what: str = "fit") -> None:
-    """x's features match the model's input; y suits the compiled loss: class ids in
+    """x's samples suit the model (`inputs`); y suits the compiled loss: class ids in
     [0, classes) for a sparse loss (whole numbers, also when stored as floats), one target
     per output for mse."""
-    expected = input_dim(model)
-    if expected is not None and x.shape[1] != expected:
-        raise ValueError(f"{what}: x has {x.shape[1]} features per sample, but the model's "
-                         f"first layer takes {expected}; allowed: x of shape (samples, "
-                         f"{expected})")
-    width = outputs(model, x.shape[1])
+    inputs(model, x, what)
+    shapes = model.shapes(x.shape[1:])
+    width = shapes[-1][-1] if shapes else x.shape[-1]
     if model._loss.name == "sparse_categorical_crossentropy":
         labels = y.reshape(len(y), -1)
         if labels.shape[1] != 1:

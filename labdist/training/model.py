@@ -42,18 +42,20 @@ class History:
 
 
 class Sequential:
-    """A stack of layers (`ld.layers.Dense`, `ld.layers.Dropout`)."""
+    """A stack of layers (`ld.layers.Dense`, `ld.layers.Conv2D`, ...: any `ld.layers.Layer`)."""
 
     def __init__(self, layers: Sequence[Any] = (), name: str = "sequential", seed: int = 0):
         for layer in layers:
-            if not isinstance(layer, layers_mod.Dense | layers_mod.Dropout):
-                raise TypeError(f"layers: {layer!r} is not a labdist layer "
-                                "(ld.layers.Dense or ld.layers.Dropout)")
+            if not isinstance(layer, layers_mod.Layer):
+                raise TypeError(f"layers: {layer!r} is not a labdist layer; allowed: "
+                                f"ld.layers.{', ld.layers.'.join(layers_mod.__all__)}")
         self.layers = list(layers)
         self.name = name
         self.seed = seed
         self._strategy = context.get_strategy()  # as Keras: the strategy in scope now
         self._weights: list[dict[str, Variable]] = []
+        self._input_shape: tuple[int, ...] | None = None  # one sample's, once built
+        self._output_shape: tuple[int, ...] | None = None
         self._slots: list[dict[str, dict[str, Variable]]] = []
         self._outer: diloco.OuterVariables | None = None  # local SGD / DiLoCo's state, once on
         self._compiled = False
@@ -63,25 +65,47 @@ class Sequential:
         self._steps_per_execution = 1
         self._iterations = 0
         self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
-        first = self.layers[0] if self.layers else None
-        if getattr(first, "input_shape", None):
-            self.build(first.input_shape[0])
+        if self.layers and self.layers[0].input_shape is not None:
+            self.build(self.layers[0].input_shape)
 
     @property
     def built(self) -> bool:
-        return bool(self._weights)
+        return self._input_shape is not None
 
-    def build(self, input_dim: int) -> None:
-        """Create the weights (one set of copies per replica) for inputs of `input_dim`."""
+    @property
+    def input_shape(self) -> tuple | None:
+        """Keras' `(None, ...)`: the batch axis first; None before the model is built."""
+        return None if self._input_shape is None else (None, *self._input_shape)
+
+    @property
+    def output_shape(self) -> tuple | None:
+        return None if self._output_shape is None else (None, *self._output_shape)
+
+    def shapes(self, input_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """One sample's shape after each layer, for inputs of `input_shape`; a `ValueError`
+        naming the first layer that cannot take what reaches it."""
+        out, shape = [], tuple(input_shape)
+        for layer in self.layers:
+            shape = tuple(layer.output_shape(shape))
+            out.append(shape)
+        return out
+
+    def build(self, input_shape: int | Sequence[int | None]) -> None:
+        """Create the weights (one set of copies per replica) for samples of `input_shape`
+        (Keras' `(None, 784)` or `(784,)`; an int means `(n,)`)."""
+        shape = fit_checks.sample_shape(input_shape)
+        outputs = self.shapes(shape)  # every layer takes what reaches it: checked first
         rng = np.random.default_rng(self.seed)
+        weights = []
         with self._strategy.scope():
-            width = input_dim
-            for i, layer in enumerate(self.layers):
-                params = layer.build(width, rng)
-                self._weights.append({
+            for i, (layer, into) in enumerate(zip(self.layers, [shape, *outputs[:-1]],
+                                                  strict=True)):
+                params = layer.build(into, rng)
+                weights.append({
                     k: Variable(v, name=f"{type(layer).__name__.lower()}_{i}/{k}",
                                 aggregation="MEAN") for k, v in params.items()})
-                width = getattr(layer, "units", width)
+        self._weights = weights
+        self._input_shape, self._output_shape = shape, outputs[-1] if outputs else shape
 
     def compile(self, loss: Any = "mse", optimizer: Any = "sgd", metrics: Sequence[str] = (),
                 steps_per_execution: int = 1) -> None:
@@ -102,7 +126,7 @@ class Sequential:
     def _ensure_ready(self, x: np.ndarray) -> None:
         self._check_compiled()
         if not self.built:
-            self.build(x.shape[1])
+            self.build(x.shape[1:])
         self._ensure_slots()
         self._ensure_outer()
 
@@ -204,9 +228,7 @@ class Sequential:
         return logs
 
     def _resolved_metrics(self, y: np.ndarray) -> tuple:
-        width = next((layer.units for layer in reversed(self.layers)
-                      if hasattr(layer, "units")), 1)
-        return metric_lib.resolve(self._metrics, y.shape, width)
+        return metric_lib.resolve(self._metrics, y.shape, self._output_shape[-1])
 
     def _train_step(self, y: np.ndarray) -> TrainStep:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
@@ -238,14 +260,10 @@ class Sequential:
         return list(logs.values()) if len(logs) > 1 else logs["loss"]
 
     def predict(self, x, batch_size: int = 32, verbose: Any = "auto") -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        expected = fit_checks.input_dim(self)
-        if x.ndim != 2 or (expected is not None and x.shape[1] != expected):
-            raise ValueError(f"predict: x has shape {x.shape}; allowed: (samples, "
-                             f"{expected or 'features'})")
+        x = fit_checks.inputs(self, x, "predict")
         verbose = check_verbose(verbose)
         if not self.built:
-            self.build(x.shape[1])
+            self.build(x.shape[1:])
         batches = Batches(x, _positive_int("batch_size", batch_size))
         bar = ProgressBar("Predict", len(batches), verbose)
         outs = []
@@ -305,13 +323,15 @@ class Sequential:
         saving.load_weights(self, path)
 
     def summary(self) -> None:
-        lines = [f'Model: "{self.name}"', f"{'Layer':<36}{'Units':<8}{'Params':>10}"]
+        lines = [f'Model: "{self.name}"', f"{'Layer':<56}{'Output Shape':<20}{'Params':>10}"]
         total = 0
-        for layer, w in zip(self.layers, self._weights or [{}] * len(self.layers),
-                            strict=True):
+        shapes = self.shapes(self._input_shape) if self.built else [None] * len(self.layers)
+        for layer, w, shape in zip(self.layers, self._weights or [{}] * len(self.layers),
+                                   shapes, strict=True):
             count = sum(int(np.prod(v.shape)) for v in w.values())
             total += count
-            lines.append(f"{layer!r:<24}{getattr(layer, 'units', '-')!s:<14}{count:>10}")
+            shown = "?" if shape is None else str((None, *shape))
+            lines.append(f"{layer!r:<56}{shown:<20}{count:>10}")
         lines.append(f"Total params: {total}")
         print("\n".join(lines))
 
@@ -322,8 +342,8 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> Sequential:
     unknown one is refused (`CheckpointError`), never imported."""
     saved = saving.read_saved(path)
     model = Sequential(saved["layers"], name=saved["name"], seed=saved["seed"])
-    if saved["input_dim"] is not None and not model.built:
-        model.build(saved["input_dim"])
+    if saved["input_shape"] is not None and not model.built:
+        model.build(saved["input_shape"])
     if model.built:
         model.load_weights(saved["weights"])
     if compile and saved["compile"] is not None:

@@ -76,7 +76,7 @@ def load_weights(model, path: str | os.PathLike) -> None:
 def _weight_variables(model) -> dict[str, Any]:
     if not model.built:
         raise RuntimeError("the model has no weights yet: give the first layer input_shape=, "
-                           "or call model.build(input_dim)")
+                           "or call model.build(input_shape)")
     return {f"weight/{v.name}": v for v in model.weights}
 
 
@@ -101,7 +101,7 @@ def save_model(model, path: str | os.PathLike) -> str:
 
 def read_saved(path: str | os.PathLike) -> dict:
     """What `model.save(path)` wrote, checked, with its layers made again: {"name", "seed",
-    "input_dim", "layers", "compile": None or {loss, optimizer, metrics,
+    "input_shape", "layers", "compile": None or {loss, optimizer, metrics,
     steps_per_execution} as `compile` takes them, "weights": the weights file}.
     `ld.models.load_model` builds the model from it."""
     directory = Path(path)
@@ -123,61 +123,55 @@ def read_saved(path: str | os.PathLike) -> dict:
             raise CheckpointError(f"saved model {str(directory)!r}: bad compile settings "
                                   f"{c!r:.200} ({e})") from None
     layers = [_layer(directory, i, c) for i, c in enumerate(config["layers"])]
-    if config["input_dim"] is not None:
-        _check_declared_shapes(directory, config["input_dim"], layers)
-    return {"name": config["name"], "seed": config["seed"], "input_dim": config["input_dim"],
+    shape = config["input_shape"]
+    if shape is not None:
+        shape = tuple(shape)
+        _check_declared_shapes(directory, shape, layers)
+    return {"name": config["name"], "seed": config["seed"], "input_shape": shape,
             "layers": layers, "compile": compiled, "weights": directory / WEIGHTS}
 
 
-def _check_declared_shapes(directory: Path, input_dim: int, layers: list) -> None:
-    """The weights the config declares (layer sizes x input size) are the arrays the weights
-    file's headers describe, each within the memory limit: checked before anything is built,
-    so a config claiming Dense(units=10**9) allocates nothing."""
+def _check_declared_shapes(directory: Path, input_shape: tuple[int, ...], layers: list) -> None:
+    """The weights the config declares (layer settings x input shape) are the arrays the
+    weights file's headers describe, each within the memory limit: checked before anything is
+    built, so a config claiming Dense(units=10**9) allocates nothing."""
     if not (directory / WEIGHTS).is_file():
         raise FileNotFoundError(f"saved model {str(directory)!r} has no {WEIGHTS!r}")
-    if input_dim < 1:
-        raise CheckpointError(f"saved model {str(directory)!r}: input_dim={input_dim} is not "
-                              "allowed; use an integer >= 1")
+    where = f"saved model {str(directory)!r}"
+    if not input_shape or any(type(n) is not int or n < 1 for n in input_shape):
+        raise CheckpointError(f"{where}: input_shape={list(input_shape)} is not allowed; use "
+                              "positive integers")
     headers = read_headers(directory / WEIGHTS)
-    width = input_dim
+    shape = input_shape
     for i, layer in enumerate(layers):
-        if not isinstance(layer, layers_mod.Dense):
-            continue
-        declared = {"kernel": (width, layer.units)}
-        if layer.use_bias:
-            declared["bias"] = (layer.units,)
-        for name, shape in declared.items():
-            key = f"weight/dense_{i}/{name}"
+        try:
+            declared = layer.param_shapes(shape)
+            shape = layer.output_shape(shape)
+        except ValueError as e:
+            raise CheckpointError(f"{where}: layer {i} ({layer!r}) cannot take the saved "
+                                  f"input: {e}") from None
+        for name, param_shape in declared.items():
+            key = f"weight/{type(layer).__name__.lower()}_{i}/{name}"
             stored = headers.get(key, (None,))[0]
-            if stored != shape:
+            if stored != param_shape:
                 raise CheckpointError(
-                    f"saved model {str(directory)!r}: layer {i} ({layer!r}) declares {key} of "
-                    f"shape {shape}, but {WEIGHTS} holds {stored if stored else 'no such array'}"
+                    f"{where}: layer {i} ({layer!r}) declares {key} of shape {param_shape}, "
+                    f"but {WEIGHTS} holds {stored if stored else 'no such array'}"
                     "; the config and the weights do not belong together")
             try:
-                checks.array_bytes(f"saved model {str(directory)!r}: {key}", shape, 4)
+                checks.array_bytes(f"{where}: {key}", param_shape, 4)
             except ValueError as e:
                 raise CheckpointError(str(e)) from None
-        width = layer.units
 
 
 def model_config(model) -> dict:
     """The JSON-able description `load_model` rebuilds the model from."""
     out = []
     for layer in model.layers:
-        if isinstance(layer, layers_mod.Dense):
-            out.append({"class_name": "Dense", "config": {
-                "units": layer.units, "activation": layer.activation.name,
-                "use_bias": bool(layer.use_bias),
-                "input_shape": list(layer.input_shape) if layer.input_shape else None}})
-        elif isinstance(layer, layers_mod.Dropout):
-            out.append({"class_name": "Dropout", "config": {"rate": layer.rate}})
-        else:
-            raise TypeError(f"cannot save layer {layer!r}: allowed Dense, Dropout")
-    input_dim = None
-    if model.built:
-        first = next(v for v in model.weights if v.name.endswith("/kernel"))
-        input_dim = int(first.shape[0])
+        name = type(layer).__name__
+        if _LAYERS.get(name) is not type(layer):
+            raise TypeError(f"cannot save layer {layer!r}: allowed {', '.join(_LAYERS)}")
+        out.append({"class_name": name, "config": layer.get_config()})
     compiled = None
     if model._compiled:
         opt = model._optimizer
@@ -186,8 +180,10 @@ def model_config(model) -> dict:
                     "steps_per_execution": model._steps_per_execution,
                     "optimizer": {"class_name": type(opt).__name__, "config": {
                         k: getattr(opt, k) for k in _OPTIMIZER_ARGS[type(opt).__name__]}}}
+    shape = model.input_shape
     return {"format": FORMAT, "class_name": "Sequential", "name": model.name,
-            "seed": model.seed, "input_dim": input_dim, "layers": out, "compile": compiled}
+            "seed": model.seed, "input_shape": None if shape is None else list(shape[1:]),
+            "layers": out, "compile": compiled}
 
 
 def _read_config(path: Path) -> dict:
@@ -197,22 +193,28 @@ def _read_config(path: Path) -> dict:
         config = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"saved model config {str(path)!r} is not JSON ({e})") from None
+    if isinstance(config, dict) and "input_dim" in config and "input_shape" not in config:
+        dim = config.pop("input_dim")  # written before models took images: one int
+        config["input_shape"] = [dim] if type(dim) is int else dim
     ok = (len(raw) <= _CONFIG_MAX_BYTES and isinstance(config, dict)
           and config.get("class_name") == "Sequential" and isinstance(config.get("name"), str)
           and type(config.get("seed")) is int and isinstance(config.get("layers"), list)
-          and (config.get("input_dim") is None or type(config.get("input_dim")) is int)
+          and (config.get("input_shape") is None or isinstance(config.get("input_shape"), list))
           and (config.get("compile") is None or isinstance(config.get("compile"), dict)))
     if not ok:
         raise CheckpointError(f"saved model config {str(path)!r} is not a labdist Sequential "
-                              "config (class_name 'Sequential', name, seed, input_dim, layers, "
-                              "compile)")
+                              "config (class_name 'Sequential', name, seed, input_shape, "
+                              "layers, compile)")
     if config.get("format") != FORMAT:
         raise CheckpointError(f"saved model config {str(path)!r} has format "
                               f"{config.get('format')!r}; this labdist reads {FORMAT}")
     return config
 
 
-_LAYERS = {"Dense": layers_mod.Dense, "Dropout": layers_mod.Dropout}
+_LAYERS = {cls.__name__: cls for cls in (
+    layers_mod.Dense, layers_mod.Dropout, layers_mod.Flatten, layers_mod.Conv2D,
+    layers_mod.MaxPooling2D, layers_mod.AveragePooling2D, layers_mod.GlobalAveragePooling1D,
+    layers_mod.Embedding)}
 
 
 def _layer(directory: Path, index: int, spec: Any):
@@ -224,8 +226,9 @@ def _layer(directory: Path, index: int, spec: Any):
         raise CheckpointError(f"{where} has class_name={name!r}, which labdist does not know; "
                               f"allowed: {', '.join(_LAYERS)}")
     config = dict(spec["config"])
-    if config.get("input_shape") is not None:
-        config["input_shape"] = tuple(config["input_shape"])
+    for key in ("input_shape", "kernel_size", "strides", "pool_size"):
+        if isinstance(config.get(key), list):
+            config[key] = tuple(config[key])
     try:
         return _LAYERS[name](**config)
     except (TypeError, ValueError) as e:

@@ -177,11 +177,13 @@ def test_remote_value_fetch_timeout_must_be_finite(timeout):
         RemoteValue().fetch(timeout=timeout)
 
 
-@pytest.mark.parametrize("shape", [(0,), (-3,), ("4",), (4, 4), [4]])
-def test_dense_input_shape_must_be_one_positive_integer(shape):
+@pytest.mark.parametrize("shape", [(0,), (-3,), ("4",), (4, 0), (), [4]])
+def test_dense_input_shape_must_be_positive_integers(shape):
+    """A tuple of positive integers: (features,), or (steps, features) for a Dense applied at
+    every step, as in Keras."""
     with pytest.raises(ValueError) as info:
         ld.layers.Dense(2, input_shape=shape)
-    assert f"input_shape={shape!r} is not allowed; use a 1-tuple of a positive integer, like " \
+    assert f"input_shape={shape!r} is not allowed; use a tuple of positive integers, like " \
            "(64,)" == str(info.value)
 
 

@@ -110,7 +110,8 @@ def test_evaluate_and_predict_name_a_feature_mismatch():
     with pytest.raises(ValueError, match=r"evaluate: x has 5 features per sample, but the "
                                          r"model's first layer takes 4"):
         model.evaluate(np.zeros((3, 5)), np.zeros(3, int), verbose=0)
-    with pytest.raises(ValueError, match=r"predict: x has shape \(3, 5\); allowed: "
+    with pytest.raises(ValueError, match=r"predict: x has 5 features per sample, but the "
+                                         r"model's first layer takes 4; allowed: x of shape "
                                          r"\(samples, 4\)"):
         model.predict(np.zeros((3, 5)), verbose=0)
 

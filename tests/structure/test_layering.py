@@ -312,10 +312,16 @@ def test_no_code_outside_devices_asks_which_backend_it_has():
     assert not broken, "ask the Backend instead:\n" + "\n".join(broken)
 
 
+@pytest.fixture(scope="module")
+def package_violations() -> dict[str, list[str]]:
+    """The whole tree read once for every rule's case (each read takes seconds)."""
+    return violations()
+
+
 @pytest.mark.parametrize("rule", ["unlayered", "upward", "worker_side", "private", "cycles",
                                   "private_attributes"])
-def test_the_package_keeps_its_layering(rule):
-    broken = violations()[rule]
+def test_the_package_keeps_its_layering(rule, package_violations):
+    broken = package_violations[rule]
     assert not broken, f"{rule}:\n" + "\n".join(broken)
 
 

@@ -29,7 +29,7 @@ def numeric_grad(f, x, eps=1e-6):
 @pytest.mark.parametrize("activation", [None, "relu", "sigmoid", "tanh", "softmax"])
 def test_dense_gradients(activation):
     layer = layers.Dense(4, activation=activation)
-    params = {k: v.astype(np.float64) for k, v in layer.build(3, RNG).items()}
+    params = {k: v.astype(np.float64) for k, v in layer.build((3,), RNG).items()}
     params["bias"] = RNG.standard_normal(4)
     x = RNG.standard_normal((5, 3))
     proj = RNG.standard_normal((5, 4))  # loss = sum(proj * y): a generic upstream gradient
@@ -147,7 +147,7 @@ def test_a_tiny_mlp_learns(device):
     x = np.concatenate([rng.normal(-1, 0.7, (100, 2)), rng.normal(1, 0.7, (100, 2))])
     y = np.repeat([0, 1], 100)
     net = [layers.Dense(16, activation="relu"), layers.Dense(2, activation="softmax")]
-    params = [net[0].build(2, rng), net[1].build(16, rng)]
+    params = [net[0].build((2,), rng), net[1].build((16,), rng)]
     params = [{k: backend.to_device(v) for k, v in p.items()} for p in params]
     opt = optimizers.Adam(learning_rate=0.05)
     slots = [{k: {s: backend.to_device(a) for s, a in opt.slots(to_host(v)).items()}
@@ -173,7 +173,7 @@ def test_a_tiny_mlp_learns(device):
 def test_first_layer_skips_the_input_gradient_but_not_its_own():
     rng = np.random.default_rng(3)
     layer = layers.Dense(4, activation="relu")
-    params = layer.build(3, rng)
+    params = layer.build((3,), rng)
     x = rng.normal(size=(5, 3)).astype(np.float32)
     _, cache = layer.forward(np, params, x, training=True)
     da = rng.normal(size=(5, 4)).astype(np.float32)

@@ -15,6 +15,7 @@ import numpy as np
 from labdist.enums import ReduceOp
 from labdist.timing import phases
 from labdist.training import losses
+from labdist.training.layers import Dense
 from labdist.training.trainer import diloco, overlap
 from labdist.training.trainer.epoch_plan import EpochPlan
 from labdist.training.trainer.loop_board import ReplicaBoard
@@ -295,8 +296,7 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     value, dh = loss(xp, y, h)
     last = layers[-1]
     fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
-             and getattr(last, "activation", None) is not None
-             and last.activation.name == "softmax")
+             and isinstance(last, Dense) and last.activation.name == "softmax")
     grads: list[dict] = [None] * len(layers)
     start = len(layers) - 1
     scale = local / total

@@ -1,0 +1,103 @@
+"""The seam every layer fills: a model walks its layers through these methods only.
+
+A layer is a small object holding its settings; its parameters live outside it (a model keeps
+them in distributed variables), so `forward` and `backward` are pure functions of
+(parameters, input) that run alike on a host replica (numpy) and a GPU replica (cupy): `xp`
+is the replica's array module. Shapes leave out the batch axis, as Keras' `input_shape=`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from labdist import checks
+from labdist.training.activations import Activation
+
+Shape = tuple[int, ...]
+
+
+class Layer(ABC):
+    """One step of a `Sequential` model.
+
+    `input_shape`: set on a model's first layer to build the model at once (Keras' rule).
+    `activation`: the activation a layer ends with, None for layers without one; `fit` fuses
+    a final softmax with the cross-entropy loss through `backward_linear` (see `Dense`).
+    """
+
+    input_shape: Shape | None = None
+    activation: Activation | None = None
+
+    @abstractmethod
+    def output_shape(self, input_shape: Shape) -> Shape:
+        """The shape of one sample's output; a `ValueError` naming the layer and the shapes
+        when this layer cannot take `input_shape` (raised before anything is built)."""
+
+    def param_shapes(self, input_shape: Shape) -> dict[str, Shape]:
+        """{name: shape} of the parameters `build` makes: a saved model is checked against
+        them before anything is allocated."""
+        return {}
+
+    def build(self, input_shape: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Initial parameters as float32 host arrays, in `param_shapes` order."""
+        return {}
+
+    def check_input_values(self, x: np.ndarray, what: str) -> None:
+        """On a model's first layer, before `fit` / `evaluate` / `predict` touch anything: a
+        `ValueError` for input values this layer cannot take (an embedding's unknown id).
+        Most layers take any number."""
+        return None
+
+    @abstractmethod
+    def forward(self, xp, params: dict, x, training: bool = False, rng: Any = None):
+        """(output, cache): the cache is what `backward` needs from this call."""
+
+    @abstractmethod
+    def backward(self, xp, params: dict, cache, dy, input_grad: bool = True,
+                 out: dict | None = None):
+        """(d loss / d input, {name: d loss / d param}). The first layer passes
+        input_grad=False and gets None for the input (a gradient nobody uses); with `out`
+        ({name: array}, a step's persistent buffer) the parameter gradients go there."""
+
+    @abstractmethod
+    def get_config(self) -> dict[str, Any]:
+        """The constructor's keyword arguments, JSON-able: `model.save` writes them and
+        `load_model` calls the class with them."""
+
+    def _incompatible(self, input_shape: Shape, expected: str) -> ValueError:
+        """Keras' wording for an input a layer cannot take."""
+        return ValueError(f"Input of layer {self!r} is incompatible with the layer: expected "
+                          f"{expected}, got shape (None, {', '.join(map(str, input_shape))}) "
+                          "(batch axis first); give the first layer input_shape= or data of "
+                          "the shape it takes")
+
+
+def check_input_shape(value: Any, ndim: int | None = None, example: str = "(64,)"
+                      ) -> Shape | None:
+    """`input_shape=`: None, or a tuple of positive integers (of `ndim` entries if given)."""
+    if value is None:
+        return None
+    if (not isinstance(value, tuple) or not value or (ndim is not None and len(value) != ndim)
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)):
+        what = f"a {ndim}-tuple" if ndim is not None else "a tuple"
+        checks.refuse("input_shape", value, f"{what} of positive integers, like {example}")
+    return value
+
+
+def pair(name: str, value: Any) -> tuple[int, int]:
+    """Keras' `kernel_size` / `strides` / `pool_size`: an int n (meaning (n, n)) or a pair."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if (not isinstance(value, tuple | list) or len(value) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)):
+        checks.refuse(name, value, "a positive integer or a pair of them, like 3 or (3, 3)")
+    return int(value[0]), int(value[1])
+
+
+def glorot_uniform(rng: np.random.Generator, shape: Shape, fan_in: int, fan_out: int
+                   ) -> np.ndarray:
+    """Keras' default kernel initializer: U(-l, l), l = sqrt(6 / (fan_in + fan_out))."""
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, shape).astype(np.float32)

@@ -1,0 +1,133 @@
+"""Keras' core layers: `Dense`, `Dropout` and `Flatten`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from labdist import checks
+from labdist.training import activations
+from labdist.training.layers.base import Layer, Shape, check_input_shape, glorot_uniform
+
+
+class Dense(Layer):
+    """y = activation(x @ kernel + bias) over the last axis, with Keras' glorot-uniform kernel
+    and zero bias. On inputs with more axes, (batch, ..., features), every position gets the
+    same kernel, as in Keras."""
+
+    def __init__(self, units: int, activation: str | None = None,
+                 input_shape: tuple[int, ...] | None = None, use_bias: bool = True):
+        self.units = checks.integer("units", units, 1)
+        self.activation = activations.get(activation)
+        self.input_shape = check_input_shape(input_shape)
+        self.use_bias = checks.boolean("use_bias", use_bias)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return (*input_shape[:-1], self.units)
+
+    def param_shapes(self, input_shape: Shape) -> dict[str, Shape]:
+        shapes = {"kernel": (input_shape[-1], self.units)}
+        if self.use_bias:
+            shapes["bias"] = (self.units,)
+        return shapes
+
+    def build(self, input_shape: Shape | int, rng: np.random.Generator
+              ) -> dict[str, np.ndarray]:
+        """An int n means (n,): the features of a flat input (what Dense.build took before
+        layers took images, which scripts and benchmarks still pass)."""
+        features = input_shape if isinstance(input_shape, int) else input_shape[-1]
+        checks.array_bytes(f"Dense(units={self.units}) kernel", (features, self.units), 4)
+        params = {"kernel": glorot_uniform(rng, (features, self.units), features, self.units)}
+        if self.use_bias:
+            params["bias"] = np.zeros(self.units, np.float32)
+        return params
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+        z = x @ params["kernel"]
+        if self.use_bias:
+            z = z + params["bias"]
+        a = self.activation.forward(xp, z)
+        return a, (x, z, a)
+
+    def backward(self, xp, params, cache, da, input_grad: bool = True, out: dict | None = None):
+        x, z, a = cache
+        return self.backward_linear(xp, params, x, self.activation.backward(xp, z, a, da),
+                                    input_grad, out)
+
+    def backward_linear(self, xp, params, x, dz, input_grad: bool = True,
+                        out: dict | None = None):
+        """From the gradient of the pre-activation `dz` (e.g. softmax + cross-entropy fused);
+        with `out`, the parameter gradients are written there (the same bits)."""
+        x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+        dz2 = dz if dz.ndim == 2 else dz.reshape(-1, dz.shape[-1])
+        if out is None:
+            grads = {"kernel": x2.T @ dz2}
+            if self.use_bias:
+                grads["bias"] = dz2.sum(axis=0)
+        else:
+            grads = out
+            xp.matmul(x2.T, dz2, out=out["kernel"])
+            if self.use_bias:
+                dz2.sum(axis=0, out=out["bias"])
+        return (dz @ params["kernel"].T if input_grad else None), grads
+
+    def get_config(self) -> dict[str, Any]:
+        return {"units": self.units, "activation": self.activation.name,
+                "use_bias": bool(self.use_bias),
+                "input_shape": list(self.input_shape) if self.input_shape else None}
+
+    def __repr__(self) -> str:
+        return f"Dense({self.units}, activation={self.activation.name!r})"
+
+
+class Dropout(Layer):
+    """Zeroes a fraction `rate` of inputs while training, scaling the rest by 1 / (1 - rate)."""
+
+    def __init__(self, rate: float):
+        self.rate = checks.fraction("rate", rate)
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return input_shape
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+        if not training or self.rate == 0:
+            return x, None
+        draw = (rng or xp.random).random(x.shape)
+        mask = (draw >= self.rate).astype(x.dtype) / (1 - self.rate)
+        return x * mask, mask
+
+    def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
+        if not input_grad:
+            return None, {}
+        return (dy if cache is None else dy * cache), {}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"rate": self.rate}
+
+    def __repr__(self) -> str:
+        return f"Dropout({self.rate})"
+
+
+class Flatten(Layer):
+    """(batch, d1, d2, ...) -> (batch, d1 * d2 * ...), in row-major order: Keras' channels-last
+    flattening, so a Dense after it sees the features in TensorFlow's order."""
+
+    def __init__(self, input_shape: tuple[int, ...] | None = None):
+        self.input_shape = check_input_shape(input_shape, example="(28, 28)")
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        return (math.prod(input_shape),)
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+        return x.reshape(len(x), -1), x.shape
+
+    def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
+        return (dy.reshape(cache) if input_grad else None), {}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"input_shape": list(self.input_shape) if self.input_shape else None}
+
+    def __repr__(self) -> str:
+        return "Flatten()"
