@@ -44,7 +44,7 @@ from labdist.strategies import (
     Strategy,
 )
 from labdist.timing.trace import profile
-from labdist.training import callbacks, layers, losses, optimizers
+from labdist.training import callbacks, layers, losses, metrics, optimizers
 from labdist.training import checkpoint as train
 from labdist.training import model as models
 from labdist.values import PerReplica, ValueContext
@@ -95,6 +95,7 @@ __all__ = [
     "lab",
     "layers",
     "losses",
+    "metrics",
     "models",
     "optimizers",
     "profile",

@@ -61,7 +61,7 @@ class Sequential:
         self._compiled = False
         self._loss = None
         self._optimizer = None
-        self._metrics: list[str] = []
+        self._metrics: list = []  # names and ld.metrics objects, as compiled
         self._steps_per_execution = 1
         self._iterations = 0
         self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
@@ -111,7 +111,7 @@ class Sequential:
                 steps_per_execution: int = 1) -> None:
         loss = losses.get(loss)
         optimizer = optimizers.get(optimizer)
-        names = metric_lib.check(metrics)  # the names; resolved against y in fit
+        names = metric_lib.check(metrics)  # resolved against y in fit
         checks.integer("steps_per_execution", steps_per_execution, 1)
         self._loss, self._optimizer = loss, optimizer  # all checked: now change the model
         self._metrics = names
@@ -206,6 +206,7 @@ class Sequential:
             totals = loop.epoch(self._train_step(y), bar)
             loss_sum, sums, seen = totals.loss, totals.sums, totals.seen
             logs = self._running_logs(loss_sum, sums, seen)
+            self._leave_in_metric_objects(sums, seen)
             if validation_data is not None:
                 val = self.evaluate(*validation_data, batch_size=batch_size, verbose=0,
                                     return_dict=True)
@@ -223,9 +224,16 @@ class Sequential:
     def _running_logs(self, loss_sum: float, sums: np.ndarray, seen: float) -> dict[str, float]:
         """Keras' logs: the mean loss, then each compiled metric's mean, by the name given."""
         logs = {"loss": float(loss_sum) / seen}
-        for name, total in zip(self._metrics, sums, strict=True):
-            logs[name] = float(total) / seen
+        for spec, total in zip(self._metrics, sums, strict=True):
+            logs[metric_lib.name_of(spec)] = float(total) / seen
         return logs
+
+    def _leave_in_metric_objects(self, sums: np.ndarray, seen: float) -> None:
+        """A compiled metric object holds the figure of the epoch (or evaluation) just done,
+        as in Keras: `metric.result()` after `fit` is the last epoch's logged value."""
+        for spec, total in zip(self._metrics, sums, strict=True):
+            if isinstance(spec, metric_lib.Metric):
+                spec.set_totals(float(total), float(seen))
 
     def _resolved_metrics(self, y: np.ndarray) -> tuple:
         return metric_lib.resolve(self._metrics, y.shape, self._output_shape[-1])
@@ -254,6 +262,7 @@ class Sequential:
             seen += len(bx)
             bar.update(done, self._running_logs(loss_sum, sums, seen))
         logs = self._running_logs(loss_sum, sums, len(x))
+        self._leave_in_metric_objects(sums, len(x))
         bar.finish(logs)
         if return_dict:
             return logs

@@ -14,7 +14,7 @@ import numpy as np
 
 from labdist import checks
 from labdist.training import layers as layers_mod
-from labdist.training import losses, optimizers
+from labdist.training import losses, metrics, optimizers
 from labdist.training.checkpoint_files import (
     CheckpointError,
     atomic_write,
@@ -115,7 +115,7 @@ def read_saved(path: str | os.PathLike) -> dict:
         try:
             loss = losses.get(c["loss"], bool(c["from_logits"]))
             compiled = {"loss": loss, "optimizer": _optimizer(directory, c["optimizer"]),
-                        "metrics": list(c["metrics"]),
+                        "metrics": [metrics.from_config(m) for m in c["metrics"]],
                         "steps_per_execution": c["steps_per_execution"]}
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, CheckpointError):
@@ -176,7 +176,7 @@ def model_config(model) -> dict:
     if model._compiled:
         opt = model._optimizer
         compiled = {"loss": model._loss.name, "from_logits": bool(model._loss.from_logits),
-                    "metrics": list(model._metrics),
+                    "metrics": [metrics.config_of(m) for m in model._metrics],
                     "steps_per_execution": model._steps_per_execution,
                     "optimizer": {"class_name": type(opt).__name__, "config": {
                         k: getattr(opt, k) for k in _OPTIMIZER_ARGS[type(opt).__name__]}}}

@@ -127,7 +127,7 @@ METRIC_CASES = [  # (kind, y, y_pred)
 
 @pytest.mark.parametrize("kind, y, p", METRIC_CASES)
 def test_metrics_match_keras(kind, y, p):
-    total = metrics.Metric(kind, kind)(np, y, p)  # a sum over the samples
+    total = metrics.Formula(kind, kind)(np, y, p)  # a sum over the samples
     np.testing.assert_allclose(float(total) / len(p), ref_metric(kind, y, p), rtol=1e-12)
 
 

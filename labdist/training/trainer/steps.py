@@ -52,7 +52,7 @@ class TrainStep:
         self.loss = loss
         self.optimizer = optimizer
         self.seed = seed
-        self.metrics = tuple(metrics)  # training.metrics.Metric: only the compiled ones
+        self.metrics = tuple(metrics)  # training.metrics.Formula: only the compiled ones
         self.outer = outer  # local SGD / DiLoCo's variables, if the model has made them
 
     def variables(self) -> list:
