@@ -1,14 +1,16 @@
 """Optimizers with Keras' update rules, applied in place to one parameter at a time.
 
 `slots(param)` makes the optimizer's state for a parameter (host arrays, stored by the model);
-`apply(xp, param, grad, slots, step)` updates `param` and `slots` in place; `step` counts
-updates from 1. In a custom loop, `build(variables)` and `apply_gradients(grads_and_vars)` are
-TensorFlow's calls (custom_loop.py).
+`apply(xp, param, grad, slots, step)` updates `param` and `slots` in place (weight decay
+first, then the optimizer's own `update`); `step` counts updates from 1. In a custom loop,
+`build(variables)` and `apply_gradients(grads_and_vars)` are TensorFlow's calls
+(custom_loop.py).
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,11 +23,16 @@ _positive = checks.positive  # finite and > 0: an infinite rate only ever gives 
 _fraction = checks.fraction
 
 
-class Optimizer:
-    """What every optimizer shares: TensorFlow's custom-loop calls. `slot_variables` and
-    `iterations` are the state `build` makes (empty under `fit`, which keeps its own)."""
+class Optimizer(ABC):
+    """What every optimizer shares: TensorFlow's custom-loop calls and Keras' `weight_decay`.
+    `slot_variables` and `iterations` are the state `build` makes (empty under `fit`, which
+    keeps its own)."""
 
-    def __init__(self):
+    learning_rate: float
+
+    def __init__(self, weight_decay: float | None = None):
+        self.weight_decay = (None if weight_decay is None
+                             else checks.number("weight_decay", weight_decay, 0.0))
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
         self.outer: Any = None  # local SGD / DiLoCo's state (trainer/diloco.py), once built
@@ -35,6 +42,21 @@ class Optimizer:
         `build` made: what tells one configuration of an optimizer from another."""
         return {k: v for k, v in vars(self).items() if k not in ("slot_variables", "iterations",
                                                               "outer")}
+
+    @abstractmethod
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        """The optimizer's state for one parameter (host arrays)."""
+
+    @abstractmethod
+    def update(self, xp, param, grad, slots, step: int) -> None:
+        """This optimizer's own rule, in place on `param` and `slots`."""
+
+    def apply(self, xp, param, grad, slots, step: int) -> None:
+        """One step on one parameter: Keras' weight decay (w -= w * weight_decay * lr, on
+        the summed step, once, before the update), then `update`."""
+        if self.weight_decay:
+            param -= param * (self.weight_decay * self.learning_rate)
+        self.update(xp, param, grad, slots, step)
 
     def build(self, variables: Iterable[Any]) -> None:
         """Under `strategy.scope()`: make the state (slot variables, step count) that
@@ -51,8 +73,8 @@ class SGD(Optimizer):
     """v = momentum * v - lr * g; w += v (Nesterov: w += momentum * v - lr * g)."""
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0,
-                 nesterov: bool = False):
-        super().__init__()
+                 nesterov: bool = False, weight_decay: float | None = None):
+        super().__init__(weight_decay)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.momentum = _fraction("momentum", momentum)
         self.nesterov = checks.boolean("nesterov", nesterov)
@@ -60,7 +82,7 @@ class SGD(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"velocity": np.zeros_like(param)} if self.momentum else {}
 
-    def apply(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int) -> None:
         lr = self.learning_rate
         if not self.momentum:
             param -= lr * grad
@@ -75,8 +97,8 @@ class Adagrad(Optimizer):
     """acc += g^2; w -= lr * g / (sqrt(acc) + epsilon)."""
 
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
-                 epsilon: float = 1e-7):
-        super().__init__()
+                 epsilon: float = 1e-7, weight_decay: float | None = None):
+        super().__init__(weight_decay)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.initial_accumulator_value = checks.number(
             "initial_accumulator_value", initial_accumulator_value, 0.0)
@@ -85,7 +107,7 @@ class Adagrad(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"accumulator": np.full_like(param, self.initial_accumulator_value)}
 
-    def apply(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int) -> None:
         acc = slots["accumulator"]
         acc += grad * grad
         param -= self.learning_rate * grad / (xp.sqrt(acc) + self.epsilon)
@@ -95,8 +117,9 @@ class Adam(Optimizer):
     """Keras' Adam: m, v moving averages; bias correction folded into the step size."""
 
     def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7):
-        super().__init__()
+                 beta_2: float = 0.999, epsilon: float = 1e-7,
+                 weight_decay: float | None = None):
+        super().__init__(weight_decay)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.beta_1 = _fraction("beta_1", beta_1)
         self.beta_2 = _fraction("beta_2", beta_2)
@@ -105,7 +128,7 @@ class Adam(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"m": np.zeros_like(param), "v": np.zeros_like(param)}
 
-    def apply(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int) -> None:
         b1, b2 = self.beta_1, self.beta_2
         alpha = self.learning_rate * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
         m, v = slots["m"], slots["v"]
@@ -114,13 +137,58 @@ class Adam(Optimizer):
         param -= alpha * m / (xp.sqrt(v) + self.epsilon)
 
 
-OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+class RMSprop(Optimizer):
+    """Keras' RMSprop: v = rho * v + (1 - rho) * g^2; step = lr * g / sqrt(v + epsilon)
+    (centered: v minus the squared moving mean of g); with momentum, the steps accumulate
+    (m = momentum * m + step; w -= m), otherwise w -= step."""
+
+    def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
+                 epsilon: float = 1e-7, centered: bool = False,
+                 weight_decay: float | None = None):
+        super().__init__(weight_decay)
+        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.rho = _fraction("rho", rho)
+        self.momentum = _fraction("momentum", momentum)
+        self.epsilon = _positive("epsilon", epsilon)
+        self.centered = checks.boolean("centered", centered)
+
+    def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        out = {"velocity": np.zeros_like(param)}
+        if self.momentum:
+            out["momentum"] = np.zeros_like(param)
+        if self.centered:
+            out["average_gradient"] = np.zeros_like(param)
+        return out
+
+    def update(self, xp, param, grad, slots, step: int) -> None:
+        rho = self.rho
+        v = slots["velocity"]
+        v *= rho
+        v += (1 - rho) * grad * grad
+        if self.centered:
+            avg = slots["average_gradient"]
+            avg *= rho
+            avg += (1 - rho) * grad
+            denominator = v - avg * avg + self.epsilon
+        else:
+            denominator = v + self.epsilon
+        increment = self.learning_rate * grad / xp.sqrt(denominator)
+        if self.momentum:
+            m = slots["momentum"]
+            m *= self.momentum
+            m += increment
+            param -= m
+        else:
+            param -= increment
+
+
+OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam, "rmsprop": RMSprop}
 for _cls in OPTIMIZERS.values():  # a step holding an optimizer is pickled again only on change
     shipping.register_state(_cls)
 
 
-def get(optimizer) -> SGD | Adagrad | Adam:
-    if isinstance(optimizer, SGD | Adagrad | Adam):
+def get(optimizer) -> Optimizer:
+    if isinstance(optimizer, Optimizer):
         return optimizer
     if isinstance(optimizer, str) and optimizer.lower() in OPTIMIZERS:
         return OPTIMIZERS[optimizer.lower()]()

@@ -30,9 +30,11 @@ WEIGHTS = "weights.npz"
 FORMAT = 1
 _META = ("meta/format",)
 _CONFIG_MAX_BYTES = 1 << 20
-_OPTIMIZER_ARGS = {"SGD": ("learning_rate", "momentum", "nesterov"),
-                   "Adagrad": ("learning_rate", "initial_accumulator_value", "epsilon"),
-                   "Adam": ("learning_rate", "beta_1", "beta_2", "epsilon")}
+_OPTIMIZER_ARGS = {
+    "SGD": ("learning_rate", "momentum", "nesterov", "weight_decay"),
+    "Adagrad": ("learning_rate", "initial_accumulator_value", "epsilon", "weight_decay"),
+    "Adam": ("learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay"),
+    "RMSprop": ("learning_rate", "rho", "momentum", "epsilon", "centered", "weight_decay")}
 
 
 # -- weights ----------------------------------------------------------------------------------

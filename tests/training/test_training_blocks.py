@@ -125,7 +125,7 @@ def test_optimizer_update_rules(kind, hp):
     (lambda: optimizers.SGD(learning_rate=0), "learning_rate=0"),
     (lambda: optimizers.SGD(momentum=1.5), "momentum=1.5"),
     (lambda: optimizers.Adam(beta_1=1), "beta_1=1"),
-    (lambda: optimizers.get("rmsprop"), "optimizer='rmsprop'"),
+    (lambda: optimizers.get("adamw"), "optimizer='adamw'"),
     (lambda: layers.Dense(0), "units=0"),
     (lambda: layers.Dense(3, activation="gelu"), "activation='gelu'"),
     (lambda: layers.Dense(3, input_shape=64), "input_shape=64"),
