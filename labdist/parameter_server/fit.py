@@ -36,6 +36,12 @@ GRACE_S = 0.8
 def train_model_steps(strategy, step, groups: Iterable[list], first_iteration: int
                       ) -> Iterator[list[tuple]]:
     """See `ParameterServerStrategy.train_model_steps`."""
+    if step.state_variables():
+        names = ", ".join(v.name for v in step.state_variables())
+        raise NotImplementedError(
+            f"model.fit on parameter servers: the model has layer state ({names}: batch "
+            "norm's moving statistics, which each replica keeps in TensorFlow) that the "
+            "parameter-server workers do not keep yet; train it under MirroredStrategy")
     strategy.bind_optimizer(step.optimizer, step.variables(), step.slot_variables())
     if strategy.mode == "async":
         return _async(strategy, step, groups, first_iteration)

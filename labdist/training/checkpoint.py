@@ -47,7 +47,7 @@ class Checkpoint:
             raise RuntimeError("checkpoints need a built, compiled model (give the first layer "
                                "input_shape=, and call compile)")
         m._ensure_slots()
-        out = {f"weight/{v.name}": v for w in m._weights for v in w.values()}
+        out = {f"weight/{v.name}": v for v in m.weights}
         for layer_slots in m._slots:
             for slots in layer_slots.values():
                 out.update({f"slot/{v.name}": v for v in slots.values()})

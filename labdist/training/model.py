@@ -53,7 +53,8 @@ class Sequential:
         self.name = name
         self.seed = seed
         self._strategy = context.get_strategy()  # as Keras: the strategy in scope now
-        self._weights: list[dict[str, Variable]] = []
+        self._weights: list[dict[str, Variable]] = []  # per layer, trainable
+        self._states: list[dict[str, Variable]] = []  # per layer, non-trainable (ON_WRITE/NONE)
         self._input_shape: tuple[int, ...] | None = None  # one sample's, once built
         self._output_shape: tuple[int, ...] | None = None
         self._slots: list[dict[str, dict[str, Variable]]] = []
@@ -96,15 +97,18 @@ class Sequential:
         shape = fit_checks.sample_shape(input_shape)
         outputs = self.shapes(shape)  # every layer takes what reaches it: checked first
         rng = np.random.default_rng(self.seed)
-        weights = []
+        weights, states = [], []
         with self._strategy.scope():
             for i, (layer, into) in enumerate(zip(self.layers, [shape, *outputs[:-1]],
                                                   strict=True)):
-                params = layer.build(into, rng)
-                weights.append({
-                    k: Variable(v, name=f"{type(layer).__name__.lower()}_{i}/{k}",
-                                aggregation="MEAN") for k, v in params.items()})
-        self._weights = weights
+                prefix = f"{type(layer).__name__.lower()}_{i}"
+                weights.append({k: Variable(v, name=f"{prefix}/{k}", aggregation="MEAN")
+                                for k, v in layer.build(into, rng).items()})
+                # TensorFlow's modes for a layer's own state: each replica updates its copy
+                states.append({k: Variable(v, name=f"{prefix}/{k}", trainable=False,
+                                           synchronization="ON_WRITE", aggregation="NONE")
+                               for k, v in layer.build_state(into).items()})
+        self._weights, self._states = weights, states
         self._input_shape, self._output_shape = shape, outputs[-1] if outputs else shape
 
     def compile(self, loss: Any = "mse", optimizer: Any = "sgd", metrics: Sequence[str] = (),
@@ -137,7 +141,8 @@ class Sequential:
             return
         with self._strategy.scope():
             if self._outer is None:
-                self._outer = diloco.OuterVariables(self.weights, self._strategy.outer_optimizer)
+                self._outer = diloco.OuterVariables(self.trainable_weights,
+                                                    self._strategy.outer_optimizer)
             else:
                 self._outer.ensure_slots(self._strategy.outer_optimizer)
 
@@ -184,7 +189,8 @@ class Sequential:
                                            callbacks, validation_data, history)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
                 slots = [d for layer in self._slots for d in layer.values()]
-                self._strategy.run(diloco.finish_round, args=(self._outer, self.weights, slots))
+                self._strategy.run(diloco.finish_round,
+                                   args=(self._outer, self.trainable_weights, slots))
             return history
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
@@ -242,7 +248,7 @@ class Sequential:
         """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
         self._ensure_outer()  # local SGD may have been turned on since fit began (a callback)
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, self._resolved_metrics(y), self._outer)
+                         self.seed, self._resolved_metrics(y), self._outer, self._states)
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
@@ -288,7 +294,7 @@ class Sequential:
         ys = None if by is None else shard(by, n)
         out = self._strategy.run(forward_step, args=(
             self.layers, self._weights, _per_replica(xs),
-            None if ys is None else _per_replica(ys), self._loss, metrics))
+            None if ys is None else _per_replica(ys), self._loss, metrics, self._states))
         return list(self._strategy.experimental_local_results(out))
 
     @property
@@ -300,15 +306,28 @@ class Sequential:
     # -- weights ------------------------------------------------------------------------------
     @property
     def weights(self) -> list[Variable]:
-        """The model's distributed variables (Keras' `model.weights`): pass one to
+        """The model's distributed variables (Keras' `model.weights`), layer by layer: the
+        trainable ones, then the layer's state (batch norm's moving statistics). Pass one to
         `strategy.experimental_local_results` to see every replica's copy."""
+        states = self._states or [{}] * len(self._weights)
+        return [v for w, st in zip(self._weights, states, strict=True)
+                for v in [*w.values(), *st.values()]]
+
+    @property
+    def trainable_weights(self) -> list[Variable]:
         return [v for w in self._weights for v in w.values()]
 
+    @property
+    def non_trainable_weights(self) -> list[Variable]:
+        return [v for st in self._states for v in st.values()]
+
     def get_weights(self) -> list[np.ndarray]:
-        return [v.numpy() for w in self._weights for v in w.values()]
+        """Every weight as a host array; of a state each replica keeps (ON_WRITE / NONE),
+        replica 0's copy, as TensorFlow reads it."""
+        return [v.numpy() for v in self.weights]
 
     def set_weights(self, weights: Sequence[np.ndarray]) -> None:
-        variables = [v for w in self._weights for v in w.values()]
+        variables = self.weights
         if len(weights) != len(variables):
             raise ValueError(f"set_weights: got {len(weights)} arrays, the model has "
                              f"{len(variables)} weights")

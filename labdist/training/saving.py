@@ -147,7 +147,7 @@ def _check_declared_shapes(directory: Path, input_shape: tuple[int, ...], layers
     shape = input_shape
     for i, layer in enumerate(layers):
         try:
-            declared = layer.param_shapes(shape)
+            declared = {**layer.param_shapes(shape), **layer.state_shapes(shape)}
             shape = layer.output_shape(shape)
         except ValueError as e:
             raise CheckpointError(f"{where}: layer {i} ({layer!r}) cannot take the saved "
@@ -216,7 +216,7 @@ def _read_config(path: Path) -> dict:
 _LAYERS = {cls.__name__: cls for cls in (
     layers_mod.Dense, layers_mod.Dropout, layers_mod.Flatten, layers_mod.Conv2D,
     layers_mod.MaxPooling2D, layers_mod.AveragePooling2D, layers_mod.GlobalAveragePooling1D,
-    layers_mod.Embedding)}
+    layers_mod.Embedding, layers_mod.BatchNormalization)}
 
 
 def _layer(directory: Path, index: int, spec: Any):

@@ -6,16 +6,17 @@ from labdist.training.layers.base import Layer
 from labdist.training.layers.conv import Conv2D
 from labdist.training.layers.core import Dense, Dropout, Flatten
 from labdist.training.layers.embedding import Embedding
+from labdist.training.layers.normalization import BatchNormalization
 from labdist.training.layers.pooling import (
     AveragePooling2D,
     GlobalAveragePooling1D,
     MaxPooling2D,
 )
 
-__all__ = ["AveragePooling2D", "Conv2D", "Dense", "Dropout", "Embedding", "Flatten",
-           "GlobalAveragePooling1D", "Layer", "MaxPooling2D"]
+__all__ = ["AveragePooling2D", "BatchNormalization", "Conv2D", "Dense", "Dropout", "Embedding",
+           "Flatten", "GlobalAveragePooling1D", "Layer", "MaxPooling2D"]
 
 # a step holding its layers is pickled again only when one of them changes
-for _cls in (AveragePooling2D, Conv2D, Dense, Dropout, Embedding, Flatten,
-             GlobalAveragePooling1D, MaxPooling2D):
+for _cls in (AveragePooling2D, BatchNormalization, Conv2D, Dense, Dropout, Embedding,
+             Flatten, GlobalAveragePooling1D, MaxPooling2D):
     shipping.register_state(_cls)

@@ -44,6 +44,29 @@ class Layer(ABC):
         """Initial parameters as float32 host arrays, in `param_shapes` order."""
         return {}
 
+    def state_shapes(self, input_shape: Shape) -> dict[str, Shape]:
+        """{name: shape} of the layer's non-trainable state (batch norm's moving statistics):
+        each replica keeps and updates its own copy, TensorFlow's ON_WRITE / NONE."""
+        return {}
+
+    def build_state(self, input_shape: Shape) -> dict[str, np.ndarray]:
+        """Initial state as float32 host arrays, in `state_shapes` order."""
+        return {}
+
+    @property
+    def makes_collectives(self) -> bool:
+        """Whether a training step of this layer talks to the other replicas (synchronized
+        batch norm); most layers do not."""
+        return False
+
+    def join_without_data(self, xp, input_shape: Shape, backward: bool,
+                          state: dict | None = None) -> None:
+        """On a replica whose shard of a training batch is empty: take part in the
+        collectives `forward` (backward=False) or `backward` makes with the other replicas,
+        contributing nothing, so that they do not wait for it forever (and update `state`
+        from what comes back, as the others do)."""
+        return None
+
     def check_input_values(self, x: np.ndarray, what: str) -> None:
         """On a model's first layer, before `fit` / `evaluate` / `predict` touch anything: a
         `ValueError` for input values this layer cannot take (an embedding's unknown id).
@@ -51,8 +74,11 @@ class Layer(ABC):
         return None
 
     @abstractmethod
-    def forward(self, xp, params: dict, x, training: bool = False, rng: Any = None):
-        """(output, cache): the cache is what `backward` needs from this call."""
+    def forward(self, xp, params: dict, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
+        """(output, cache): the cache is what `backward` needs from this call. `state`: this
+        replica's copies of the layer's state ({name: array}), updated in place while
+        training."""
 
     @abstractmethod
     def backward(self, xp, params: dict, cache, dy, input_grad: bool = True,

@@ -60,7 +60,8 @@ class Conv2D(Layer):
             params["bias"] = np.zeros(self.filters, np.float32)
         return params
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         g = self._geometry(x.shape[1:])
         cols = windows.gather(xp, x, g)  # (n, oh, ow, kh, kw, c)
         rows = cols.reshape(-1, cols[0, 0, 0].size)

@@ -44,7 +44,8 @@ class Dense(Layer):
             params["bias"] = np.zeros(self.units, np.float32)
         return params
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         z = x @ params["kernel"]
         if self.use_bias:
             z = z + params["bias"]
@@ -91,7 +92,8 @@ class Dropout(Layer):
     def output_shape(self, input_shape: Shape) -> Shape:
         return input_shape
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         if not training or self.rate == 0:
             return x, None
         draw = (rng or xp.random).random(x.shape)
@@ -120,7 +122,8 @@ class Flatten(Layer):
     def output_shape(self, input_shape: Shape) -> Shape:
         return (math.prod(input_shape),)
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         return x.reshape(len(x), -1), x.shape
 
     def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):

@@ -39,7 +39,8 @@ class Embedding(Layer):
             raise ValueError(f"{what}: x holds {bad.reshape(-1)[0].item()!r}, not an id of "
                              f"{self!r}; allowed: whole numbers 0..{self.input_dim - 1}")
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         ids = x.astype(xp.int64)
         return params["embeddings"][ids], ids
 

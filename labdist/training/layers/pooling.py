@@ -48,7 +48,8 @@ class MaxPooling2D(_Pooling2D):
     """The largest value of each window; its gradient goes to that one entry (the first, in
     row-major order, when several tie)."""
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         g = self._geometry(x.shape[1:])
         cols = windows.gather(xp, x, g, fill=-xp.inf)
         n, oh, ow, kh, kw, c = cols.shape
@@ -75,7 +76,8 @@ class AveragePooling2D(_Pooling2D):
         inside = windows.gather(xp, xp.ones((1, shape[1], shape[2], 1), dtype=dtype), g)
         return inside.sum(axis=(3, 4))
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         g = self._geometry(x.shape[1:])
         cols = windows.gather(xp, x, g)
         counts = self._counts(xp, x.shape, g, x.dtype)
@@ -102,7 +104,8 @@ class GlobalAveragePooling1D(Layer):
             raise self._incompatible(input_shape, "sequences (steps, features)")
         return (input_shape[1],)
 
-    def forward(self, xp, params, x, training: bool = False, rng: Any = None):
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
         return x.mean(axis=1), x.shape
 
     def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):

@@ -45,9 +45,13 @@ class TrainStep:
     """
 
     def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
-                 seed: int, metrics: tuple = (), outer: diloco.OuterVariables | None = None):
+                 seed: int, metrics: tuple = (), outer: diloco.OuterVariables | None = None,
+                 states: list[dict] | None = None):
         self.layers = layers
         self.weights = weights  # per layer: {name: Variable}
+        # per layer: {name: Variable}, non-trainable and ON_WRITE / NONE (batch norm's moving
+        # statistics): each replica updates its own copy in the forward pass
+        self.states = states if states is not None else [{} for _ in layers]
         self.slots = slots  # per layer: {name: {slot: Variable}} (each replica keeps its own)
         self.loss = loss
         self.optimizer = optimizer
@@ -59,20 +63,30 @@ class TrainStep:
         """The weight variables, in layer order."""
         return [v for w in self.weights for v in w.values()]
 
+    def state_variables(self) -> list:
+        """The layers' non-trainable state variables (batch norm's moving statistics)."""
+        return [v for s in self.states for v in s.values()]
+
+    @property
+    def makes_collectives(self) -> bool:
+        """Whether a layer's forward or backward pass talks to the other replicas."""
+        return any(layer.makes_collectives for layer in self.layers)
+
     def slot_variables(self) -> list[dict]:
         """Per weight (same order as `variables()`): {slot name: Variable}."""
         return [d for layer in self.slots for d in layer.values()]
 
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
-                  total: int, out: list[dict] | None = None, ready=None
-                  ) -> tuple[list[dict], Any]:
+                  total: int, out: list[dict] | None = None, ready=None,
+                  states: list[dict] | None = None) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
         array}; written into `out` where given), and [loss sum, each metric's sum];
         `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward
-        (and `ready.abandon()`, where it has one, if the backward pass raises)."""
+        (and `ready.abandon()`, where it has one, if the backward pass raises); `states`:
+        this replica's copies of the layers' state, updated in place."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics, out, ready)
+                         self.metrics, out, ready, states)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -156,6 +170,7 @@ class _Loop:
         self.names = names = [(i, k) for i, w in enumerate(step.weights) for k in w]
         self.params = params = [{k: ctx.local_copy(v) for k, v in w.items()}
                                 for w in step.weights]
+        self.states = [{k: ctx.local_copy(v) for k, v in s.items()} for s in step.states]
         self.flat_params = [params[i][k].reshape(-1) for i, k in names]
         self.flat_slots = [{s: ctx.local_copy(v).reshape(-1)
                             for s, v in step.slots[i][k].items()} for i, k in names]
@@ -179,14 +194,17 @@ class _Loop:
         local = self.local
         state = step_obj.round_state(ctx, names, local)
         last = first_iteration + len(totals)
-        buckets = None if local or state is not None else overlap.Buckets.make(
+        # a layer that talks to the other replicas mid-step (synchronized batch norm) keeps
+        # the step's collectives on this thread, in one order on every replica
+        buckets = None if local or state is not None or step_obj.makes_collectives \
+            else overlap.Buckets.make(
             ctx, "the training step's gradients", step_obj.optimizer, names, self.out,
             flat_params, flat_slots, first_iteration + 1, apply_summed)
         for step, ((x, y), total) in enumerate(zip(shards, totals, strict=True),
                                                start=first_iteration + 1):
             grads, local_stats = step_obj.gradients(xp, ctx.backend, self.params, x, y,
                                                     ctx.replica_id_in_sync_group, step, total,
-                                                    self.out, buckets)
+                                                    self.out, buckets, self.states)
             grads = [grads[i][k] for i, k in names]
             row = step - first_iteration - 1
             if local:  # this replica's own step; the figures are summed once, below
@@ -267,10 +285,12 @@ def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
 
 
 def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
-              ready=None):
+              ready=None, states=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
-    metric's sum over the shard]; with `out` (per layer: {name: array}), written there."""
+    metric's sum over the shard]; with `out` (per layer: {name: array}), written there;
+    `states` (per layer: {name: array}): the layers' state, updated in place."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
+        _join_without_data(xp, layers, x.shape[1:], states)
         if out is not None:
             for grads in out:
                 for v in grads.values():
@@ -279,7 +299,8 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         grads = [{k: xp.zeros_like(v) for k, v in p.items()} for p in params]
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
     try:
-        return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready)
+        return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready,
+                         states)
     except BaseException:  # a bucket already handed to the helper thread: let it finish
         abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
         if abandon is not None:
@@ -287,11 +308,27 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         raise
 
 
-def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready):
+def _join_without_data(xp, layers, sample_shape, states) -> None:
+    """An empty shard's part in the collectives its layers make mid-step: the forward
+    pass's in layer order, then the backward pass's in reverse, as the other replicas."""
+    if not any(layer.makes_collectives for layer in layers):
+        return
+    shapes = [tuple(sample_shape)]
+    for layer in layers[:-1]:
+        shapes.append(tuple(layer.output_shape(shapes[-1])))
+    states = states if states is not None else [None] * len(layers)
+    for layer, shape, state in zip(layers, shapes, states, strict=True):
+        layer.join_without_data(xp, shape, backward=False, state=state)
+    for i in range(len(layers) - 1, 0, -1):  # the first layer computes no input gradient
+        layers[i].join_without_data(xp, shapes[i], backward=True)
+
+
+def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready, states):
     """`gradients` of a shard that is not empty."""
     caches, h = [], x
-    for layer, p in zip(layers, params, strict=True):
-        h, cache = layer.forward(xp, p, h, training=True, rng=rng)
+    states = states if states is not None else [None] * len(layers)
+    for layer, p, st in zip(layers, params, states, strict=True):
+        h, cache = layer.forward(xp, p, h, training=True, rng=rng, state=st)
         caches.append(cache)
     value, dh = loss(xp, y, h)
     last = layers[-1]
@@ -324,15 +361,18 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     return grads, stats
 
 
-def forward_step(layers, weights, x, y, loss, metrics=()):
-    """On a replica: the model's output on `x`, or with `y` its (loss sum, metric sums)."""
+def forward_step(layers, weights, x, y, loss, metrics=(), states=None):
+    """On a replica: the model's output on `x`, or with `y` its (loss sum, metric sums);
+    each layer's state is this replica's own copy (batch norm normalises with it)."""
     from labdist.replica.replica_context import current
 
     ctx = current()
     xp = ctx.xp
     h = x
-    for layer, w in zip(layers, weights, strict=True):
-        h, _ = layer.forward(xp, {k: ctx.local_copy(v) for k, v in w.items()}, h)
+    states = states if states is not None else [{} for _ in layers]
+    for layer, w, st in zip(layers, weights, states, strict=True):
+        h, _ = layer.forward(xp, {k: ctx.local_copy(v) for k, v in w.items()}, h,
+                             state={k: ctx.local_copy(v) for k, v in st.items()})
     if y is None:
         return h
     if len(x) == 0:
