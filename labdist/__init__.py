@@ -43,13 +43,29 @@ from labdist.strategies import (
     OneDeviceStrategy,
     Strategy,
 )
+from labdist.tf_compat import (
+    bool_,
+    constant,
+    float16,
+    float32,
+    float64,
+    function,
+    int8,
+    int16,
+    int32,
+    int64,
+    uint8,
+)
 from labdist.timing.trace import profile
 from labdist.training import callbacks, layers, losses, metrics, optimizers
 from labdist.training import checkpoint as train
 from labdist.training import model as models
+from labdist.training.layers import Input
+from labdist.training.model import Sequential
 from labdist.values import PerReplica, ValueContext
 from labdist.variables import Variable
 
+bool = bool_
 __version__ = "0.1.0"
 
 __all__ = [
@@ -57,6 +73,7 @@ __all__ = [
     "ClusterCoordinator",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "Input",
     "InputContext",
     "InputOptions",
     "InputReplicationMode",
@@ -79,6 +96,7 @@ __all__ = [
     "ReplicaLostError",
     "ReplicaUnresponsiveError",
     "SaveError",
+    "Sequential",
     "Strategy",
     "ValueContext",
     "Variable",
@@ -87,11 +105,20 @@ __all__ = [
     "batches",
     "callbacks",
     "compression",
+    "constant",
     "datasets",
+    "float16",
+    "float32",
+    "float64",
+    "function",
     "get_replica_context",
     "get_strategy",
     "has_strategy",
     "in_cross_replica_context",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
     "lab",
     "layers",
     "losses",
@@ -101,4 +128,5 @@ __all__ = [
     "profile",
     "to_host",
     "train",
+    "uint8",
 ]

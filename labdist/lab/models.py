@@ -106,7 +106,7 @@ class Linear(LabModel):
         x2 = x.reshape(len(x), self.n_features)
         layer = dense(self.n_features, 1)
         out, cache = layer.forward(xp, kernel_bias, x2)
-        loss, d_out = self.loss_fn(xp, y, out)
+        loss, d_out = self.loss_fn.value_and_grad(xp, y, out)
         _, grads = layer.backward(xp, kernel_bias, cache, d_out, input_grad=False)
         return loss, {"w": grads["kernel"].reshape(params["w"].shape),
                       "b": grads["bias"].reshape(params["b"].shape)}
@@ -162,7 +162,7 @@ class SoftmaxRegression(LabModel):
         layer = dense(self.n_features, self.n_classes)
         kernel_bias = {"kernel": params["W"], "bias": params["b"]}
         logits, cache = layer.forward(xp, kernel_bias, x)
-        loss, d_logits = self.loss_fn(xp, y, logits)
+        loss, d_logits = self.loss_fn.value_and_grad(xp, y, logits)
         _, grads = layer.backward(xp, kernel_bias, cache, d_logits, input_grad=False)
         return loss, {"W": grads["kernel"], "b": grads["bias"]}
 

@@ -20,6 +20,8 @@ class MirroredStrategy(Strategy):
         cluster, or every worker of `cluster`).
     cluster: None (start and own an embedded LocalCluster), a scheduler address, a
         `distributed.Client`, or a Dask cluster object (used, never closed).
+    devices: TensorFlow's way to say both (also as the first argument): a list of device
+        names, one replica each, `["/gpu:0", "/gpu:1"]` or `["cpu:0", "cpu:1"]`.
     device: "auto" (GPU if the worker has one), "cpu", "gpu", or "strict" (a cupy-like test
         double that refuses implicit host conversion).
     collective_timeout: seconds a replica waits for its peers in one collective; also, plus
@@ -49,11 +51,18 @@ class MirroredStrategy(Strategy):
     _wrap_single = True  # one replica: run gives one-component PerReplica values, as TF's
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
-                 device: str = "auto", collective_timeout: float = 30.0,
+                 devices: Any = None, device: str = "auto", collective_timeout: float = 30.0,
                  connect_timeout: float = 10.0, security: Any = None,
                  transport: str = "auto", compression: Any = None, local_steps: int | None = None,
                  outer_optimizer: Any = None, fault_tolerance: str = "none",
                  min_replicas: int = 1, _knob: tuple[str, str] | None = None):
+        if isinstance(num_replicas, list | tuple) and devices is None:
+            devices, num_replicas = num_replicas, None  # TF's first argument: the devices
+        if devices is not None:
+            if num_replicas is not None:
+                raise ValueError(f"num_replicas={num_replicas!r} and devices={devices!r}: give "
+                                 "one of them (a replica per device)")
+            num_replicas, device = device_list(devices, device)
         num_replicas = checks.integer("num_replicas", num_replicas, 1, optional=True)
         modes = parse_modes(compression, local_steps, outer_optimizer)
         if fault_tolerance not in quorum.FAULT_TOLERANCE:
@@ -161,3 +170,24 @@ class MirroredStrategy(Strategy):
     def dashboard_link(self) -> str | None:
         """The Dask dashboard of the embedded cluster (None for external clusters)."""
         return self.group.dashboard_link
+
+
+def device_list(devices: Any, device: str) -> tuple[int, str]:
+    """TensorFlow's `devices=["/gpu:0", "/gpu:1"]` as labdist says it: one replica per entry
+    (each on a Dask worker of its own), on GPUs or on host arrays as the names say."""
+    names = list(devices) if isinstance(devices, list | tuple) else None
+    kinds = set()
+    for name in names or [None]:
+        kind = (name.lower().rsplit("/", 1)[-1].rsplit("device:", 1)[-1].split(":")[0]
+                if isinstance(name, str) else None)
+        if kind not in ("cpu", "gpu"):
+            checks.refuse("devices", devices, "a non-empty list of device names like "
+                          "['/gpu:0', '/gpu:1'] or ['cpu:0', 'cpu:1'] (one replica each)")
+        kinds.add(kind)
+    if len(kinds) > 1:
+        checks.refuse("devices", devices, "devices of one kind: all CPUs or all GPUs")
+    kind = kinds.pop()
+    if device not in ("auto", kind):
+        raise ValueError(f"devices={devices!r} and device={device!r} disagree; give one")
+    return len(names), kind
+

@@ -1,4 +1,8 @@
-"""Losses: loss(xp, y_true, y_pred) -> (mean loss over the batch, d loss / d y_pred).
+"""Losses, two ways: `loss.value_and_grad(xp, y_true, y_pred)` -> (mean loss over the batch,
+d loss / d y_pred) is what training runs; `loss(y_true, y_pred, sample_weight=None)` is
+Keras' call, for a custom loop, reduced as the loss's `reduction` says. The Keras classes
+(`ld.losses.SparseCategoricalCrossentropy(from_logits=True)`, ...) make such losses, and
+`compile` takes them or their names.
 
 Keras' formulas, for any output width: each loss is a per-sample value (a mean over the last
 axis for the element-wise losses, a sum over classes for cross-entropy) averaged over the
@@ -12,6 +16,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
+from labdist import checks
+
 EPSILON = 1e-7  # Keras' clip for probabilities
 
 NAMES = {  # what compile accepts -> the loss's name
@@ -23,11 +31,64 @@ NAMES = {  # what compile accepts -> the loss's name
 }
 
 
+REDUCTIONS = ("sum_over_batch_size", "sum", "none")
+
+
 class Loss(NamedTuple):
     name: str
     from_logits: bool = False
+    reduction: str = "sum_over_batch_size"  # Keras' call only: training takes the mean
 
-    def __call__(self, xp, y_true, y_pred):
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        """Keras' call: the per-sample losses (weighted by `sample_weight`), reduced by
+        `reduction` ("sum_over_batch_size": their sum over the number of samples; "sum";
+        "none": one per sample). On a replica, of this replica's arrays."""
+        from labdist.replica.replica_context import current
+
+        ctx = current()
+        xp = np if ctx is None else ctx.xp
+        y_pred = xp.asarray(y_pred)
+        per = self.per_sample(xp, xp.asarray(y_true), y_pred)
+        if sample_weight is not None:
+            per = per * xp.asarray(sample_weight, dtype=per.dtype).reshape(per.shape)
+        if self.reduction == "none":
+            return per
+        total = per.sum()
+        return total if self.reduction == "sum" else total / max(per.shape[0], 1)
+
+    def per_sample(self, xp, y_true, y_pred):
+        """One loss per sample (Keras' formulas, before any reduction)."""
+        n = y_pred.shape[0]
+        if self.name == "sparse_categorical_crossentropy":
+            labels = y_true.reshape(-1).astype("int64")
+            rows = xp.arange(n)
+            if self.from_logits:
+                shifted = y_pred - y_pred.max(axis=-1, keepdims=True)
+                log_z = xp.log(xp.exp(shifted).sum(axis=-1))
+                return log_z - shifted[rows, labels]
+            return -xp.log(xp.clip(y_pred, EPSILON, 1 - EPSILON)[rows, labels])
+        y_true = like_output(y_true, y_pred).astype(y_pred.dtype)
+        if self.name in ("mse", "mae"):
+            diff = y_pred - y_true
+            each = diff * diff if self.name == "mse" else xp.abs(diff)
+            return each.reshape(n, -1).mean(axis=1)
+        if self.name == "binary_crossentropy":
+            if self.from_logits:
+                z = y_pred
+                each = xp.maximum(z, 0) - z * y_true + xp.log1p(xp.exp(-xp.abs(z)))
+            else:
+                p = xp.clip(y_pred, EPSILON, 1 - EPSILON)
+                each = -(y_true * xp.log(p) + (1 - y_true) * xp.log(1 - p))
+            return each.reshape(n, -1).mean(axis=1)
+        if self.from_logits:
+            shifted = y_pred - y_pred.max(axis=-1, keepdims=True)
+            log_p = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+            return -(y_true * log_p).sum(axis=-1)
+        q = y_pred / y_pred.sum(axis=-1, keepdims=True)
+        return -(y_true * xp.log(xp.clip(q, EPSILON, 1 - EPSILON))).sum(axis=-1)
+
+    def value_and_grad(self, xp, y_true, y_pred):
+        """(the batch's mean loss, its gradient with respect to y_pred): what training runs."""
         if self.name == "sparse_categorical_crossentropy":
             return _sparse_cce(xp, y_true, y_pred, self.from_logits)
         y_true = like_output(y_true, y_pred).astype(y_pred.dtype)
@@ -134,4 +195,39 @@ def get(loss, from_logits: bool = False) -> Loss:
         return loss
     if isinstance(loss, str) and loss in NAMES:
         return Loss(NAMES[loss], from_logits)
-    raise ValueError(f"loss={loss!r} is not supported; allowed: {', '.join(NAMES)}")
+    raise ValueError(f"loss={loss!r} is not supported; allowed: {', '.join(NAMES)}, or an "
+                     "ld.losses object (SparseCategoricalCrossentropy(from_logits=True), ...)")
+
+
+def _made(name: str, from_logits: bool, reduction: str) -> Loss:
+    from_logits = checks.boolean("from_logits", from_logits)
+    if reduction is None:
+        reduction = "none"
+    if reduction not in REDUCTIONS:
+        checks.refuse("reduction", reduction, ", ".join(map(repr, REDUCTIONS)) + " or None")
+    return Loss(name, from_logits, reduction)
+
+
+# Keras' loss classes, as constructors of `Loss` (compile takes them; calling one gives the
+# reduced loss, as Keras' objects do)
+def SparseCategoricalCrossentropy(from_logits: bool = False,
+                                  reduction: str | None = "sum_over_batch_size") -> Loss:
+    return _made("sparse_categorical_crossentropy", from_logits, reduction)
+
+
+def CategoricalCrossentropy(from_logits: bool = False,
+                            reduction: str | None = "sum_over_batch_size") -> Loss:
+    return _made("categorical_crossentropy", from_logits, reduction)
+
+
+def BinaryCrossentropy(from_logits: bool = False,
+                       reduction: str | None = "sum_over_batch_size") -> Loss:
+    return _made("binary_crossentropy", from_logits, reduction)
+
+
+def MeanSquaredError(reduction: str | None = "sum_over_batch_size") -> Loss:
+    return _made("mse", False, reduction)
+
+
+def MeanAbsoluteError(reduction: str | None = "sum_over_batch_size") -> Loss:
+    return _made("mae", False, reduction)

@@ -45,10 +45,15 @@ class Sequential:
     """A stack of layers (`ld.layers.Dense`, `ld.layers.Conv2D`, ...: any `ld.layers.Layer`)."""
 
     def __init__(self, layers: Sequence[Any] = (), name: str = "sequential", seed: int = 0):
+        layers = list(layers)
+        given_shape = None
+        if layers and isinstance(layers[0], layers_mod.Input):  # Keras 3: Input((784,)) first
+            given_shape = layers.pop(0).shape
         for layer in layers:
             if not isinstance(layer, layers_mod.Layer):
                 raise TypeError(f"layers: {layer!r} is not a labdist layer; allowed: "
-                                f"ld.layers.{', ld.layers.'.join(layers_mod.__all__)}")
+                                f"ld.layers.{', ld.layers.'.join(layers_mod.__all__)}"
+                                " (ld.Input(shape) first)")
         self.layers = list(layers)
         self.name = name
         self.seed = seed
@@ -66,8 +71,10 @@ class Sequential:
         self._steps_per_execution = 1
         self._iterations = 0
         self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
-        if self.layers and self.layers[0].input_shape is not None:
-            self.build(self.layers[0].input_shape)
+        if given_shape is None and self.layers:
+            given_shape = self.layers[0].input_shape
+        if given_shape is not None:
+            self.build(given_shape)
 
     @property
     def built(self) -> bool:

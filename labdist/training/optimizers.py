@@ -30,7 +30,12 @@ class Optimizer(ABC):
 
     learning_rate: float
 
-    def __init__(self, weight_decay: float | None = None):
+    def __init__(self, weight_decay: float | None = None, use_locking: Any = None):
+        if use_locking is not None:  # TF1's optimizer flag (the seeds' SyncReplicasOptimizer)
+            raise TypeError(
+                f"{type(self).__name__}(use_locking={use_locking!r}): optimizers take no "
+                "use_locking (nor do Keras 3's); locking is where the updates land, on the "
+                "parameter servers: ld.ParameterServerStrategy(..., use_locking=True)")
         self.weight_decay = (None if weight_decay is None
                              else checks.number("weight_decay", weight_decay, 0.0))
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
@@ -73,8 +78,9 @@ class SGD(Optimizer):
     """v = momentum * v - lr * g; w += v (Nesterov: w += momentum * v - lr * g)."""
 
     def __init__(self, learning_rate: float = 0.01, momentum: float = 0.0,
-                 nesterov: bool = False, weight_decay: float | None = None):
-        super().__init__(weight_decay)
+                 nesterov: bool = False, weight_decay: float | None = None,
+                 use_locking: Any = None):
+        super().__init__(weight_decay, use_locking)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.momentum = _fraction("momentum", momentum)
         self.nesterov = checks.boolean("nesterov", nesterov)
@@ -97,8 +103,8 @@ class Adagrad(Optimizer):
     """acc += g^2; w -= lr * g / (sqrt(acc) + epsilon)."""
 
     def __init__(self, learning_rate: float = 0.001, initial_accumulator_value: float = 0.1,
-                 epsilon: float = 1e-7, weight_decay: float | None = None):
-        super().__init__(weight_decay)
+                 epsilon: float = 1e-7, weight_decay: float | None = None, use_locking: Any = None):
+        super().__init__(weight_decay, use_locking)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.initial_accumulator_value = checks.number(
             "initial_accumulator_value", initial_accumulator_value, 0.0)
@@ -118,8 +124,8 @@ class Adam(Optimizer):
 
     def __init__(self, learning_rate: float = 0.001, beta_1: float = 0.9,
                  beta_2: float = 0.999, epsilon: float = 1e-7,
-                 weight_decay: float | None = None):
-        super().__init__(weight_decay)
+                 weight_decay: float | None = None, use_locking: Any = None):
+        super().__init__(weight_decay, use_locking)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.beta_1 = _fraction("beta_1", beta_1)
         self.beta_2 = _fraction("beta_2", beta_2)
@@ -144,8 +150,8 @@ class RMSprop(Optimizer):
 
     def __init__(self, learning_rate: float = 0.001, rho: float = 0.9, momentum: float = 0.0,
                  epsilon: float = 1e-7, centered: bool = False,
-                 weight_decay: float | None = None):
-        super().__init__(weight_decay)
+                 weight_decay: float | None = None, use_locking: Any = None):
+        super().__init__(weight_decay, use_locking)
         self.learning_rate = _positive("learning_rate", learning_rate)
         self.rho = _fraction("rho", rho)
         self.momentum = _fraction("momentum", momentum)

@@ -1,7 +1,10 @@
 """The Binder files, checked the way Binder uses them: repo2docker reads them (linted with
 `--no-build`: there is no docker here), and a fresh environment built as Binder builds it — a
-venv from binder/requirements.txt, then binder/postBuild — runs every notebook and opens
-JupyterLab on the lab notebook.
+venv from binder/requirements.txt, then binder/postBuild — is complete: every module any
+notebook imports imports there, the lab notebook (where Binder opens) runs top to bottom, and
+JupyterLab opens on it. What each notebook shows is checked by tests/app/test_notebooks.py,
+which runs every one of them in the test environment (the same pins, plus the test extra):
+running them all a second time here cost two minutes of CI for no other check.
 
 Slow (a pip install of the pinned stack, ~1.5 min from pip's cache, which these tests use
 and fill), so it runs once per CI and the environment is shared by the module's tests.
@@ -9,6 +12,7 @@ and fill), so it runs once per CI and the environment is shared by the module's 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import http.server
 import json
@@ -21,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 import jupyter_server
+import nbformat
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -138,8 +143,30 @@ def test_the_environment_is_complete(binder_venv: Path):
     assert "demo" in _sh([str(binder_venv / "bin" / "labdist"), "--help"], env=_env())
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_the_binder_environment(binder_venv: Path, path: Path, tmp_path):
+def notebook_imports(path: Path) -> set[str]:
+    """The modules a notebook's code cells import (top-level names of `import` and `from`)."""
+    found = set()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+    return found
+
+
+def test_every_module_a_notebook_imports_is_there(binder_venv: Path):
+    modules = sorted(set().union(*(notebook_imports(p) for p in NOTEBOOKS)))
+    assert "labdist" in modules and "matplotlib.pyplot" in modules
+    code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+    _sh([str(binder_venv / "bin" / "python"), "-c", code], cwd=str(REPO / "notebooks"),
+        env=_env())
+
+
+def test_the_lab_notebook_runs_in_the_binder_environment(binder_venv: Path, tmp_path):
+    path = REPO / LAB_URL.removeprefix("/lab/tree/")
     nb = execute(path, tmp_path, python=str(binder_venv / "bin" / "python"))
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]

@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.devices", "labdist.enums",
               "labdist.errors", "labdist.interrupts", "labdist.nest", "labdist.network",
               "labdist.shipping", "labdist.values", "labdist.actor_call", "labdist.shm",
-              "labdist.data", "labdist.timing")),
+              "labdist.data", "labdist.timing", "labdist.tf_compat")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")

@@ -97,11 +97,53 @@ def test_loss_value_and_gradient_match_keras(case, from_logits):
     if from_logits:
         p = rng.normal(size=p.shape)
     loss = losses.get(name, from_logits)
-    value, grad = loss(np, y, p)
+    value, grad = loss.value_and_grad(np, y, p)
     assert grad.shape == p.shape
     np.testing.assert_allclose(value, ref_loss(name, y, p, from_logits), rtol=1e-10)
     np.testing.assert_allclose(grad, numeric_grad(lambda q: ref_loss(name, y, q, from_logits), p),
                                rtol=1e-4, atol=1e-8)
+    # Keras' call on the same loss: its reductions of the per-sample losses
+    per = loss._replace(reduction="none")(y, p)
+    assert per.shape == (len(p),)
+    np.testing.assert_allclose(float(loss(y, p)), value, rtol=1e-10)
+    np.testing.assert_allclose(float(loss._replace(reduction="sum")(y, p)), value * len(p),
+                               rtol=1e-10)
+    weights = rng.uniform(size=len(p))
+    np.testing.assert_allclose(float(loss(y, p, sample_weight=weights)),
+                               float((per * weights).sum()) / len(p), rtol=1e-10)
+
+
+KERAS_CLASSES = {"SparseCategoricalCrossentropy": "sparse_categorical_crossentropy",
+                 "CategoricalCrossentropy": "categorical_crossentropy",
+                 "BinaryCrossentropy": "binary_crossentropy",
+                 "MeanSquaredError": "mse", "MeanAbsoluteError": "mae"}
+
+
+@pytest.mark.parametrize("cls", sorted(KERAS_CLASSES))
+def test_keras_loss_classes_make_the_named_loss(cls):
+    kwargs = {} if KERAS_CLASSES[cls] in ("mse", "mae") else {"from_logits": True}
+    loss = getattr(ld.losses, cls)(**kwargs, reduction=None)
+    assert loss.name == KERAS_CLASSES[cls] and loss.reduction == "none"
+    assert loss.from_logits == bool(kwargs)
+    with pytest.raises(ValueError, match=r"reduction='mean' is not allowed; use "
+                                         r"'sum_over_batch_size', 'sum', 'none' or None"):
+        getattr(ld.losses, cls)(reduction="mean")
+
+
+def test_a_loss_object_compiles_and_trains_as_its_name(mirrored2):
+    """`compile(loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))` on a linear
+    output trains as the string with from_logits does (the seed's Keras program)."""
+    (x, y), _ = ld.datasets.digits.load_data()
+    weights = []
+    for loss in (ld.losses.SparseCategoricalCrossentropy(from_logits=True),
+                 losses.get("sparse_categorical_crossentropy", from_logits=True)):
+        with mirrored2.scope():
+            model = ld.models.Sequential([ld.layers.Dense(10, input_shape=(64,))])
+            model.compile(loss=loss, optimizer=ld.optimizers.SGD(0.1))
+        model.fit(x[:256], y[:256], batch_size=64, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_losses_refuse_what_they_cannot_take():
@@ -109,9 +151,10 @@ def test_losses_refuse_what_they_cannot_take():
         losses.get("hinge")
     with pytest.raises(ValueError, match=r"targets of shape \(8, 2\) do not match the model's "
                                          r"output of shape \(8, 3\)"):
-        losses.get("mse")(np, np.zeros((8, 2)), np.zeros((8, 3)))
+        losses.get("mse").value_and_grad(np, np.zeros((8, 2)), np.zeros((8, 3)))
     with pytest.raises(ValueError, match="one integer label per sample"):
-        losses.get("sparse_categorical_crossentropy")(np, np.zeros((8, 3)), np.zeros((8, 3)))
+        losses.get("sparse_categorical_crossentropy").value_and_grad(np, np.zeros((8, 3)),
+                                                                     np.zeros((8, 3)))
 
 
 METRIC_CASES = [  # (kind, y, y_pred)

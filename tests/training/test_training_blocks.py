@@ -56,9 +56,12 @@ def test_loss_gradients(name, from_logits):
         y_true = RNG.integers(0, 3, 6)
         logits = RNG.standard_normal((6, 3))
         y_pred = logits if from_logits else activations.get("softmax").forward(np, logits)
-    value, grad = loss(np, y_true, y_pred)
-    np.testing.assert_allclose(grad, numeric_grad(lambda: float(loss(np, y_true, y_pred)[0]),
-                                                  y_pred), rtol=1e-5, atol=1e-7)
+    value, grad = loss.value_and_grad(np, y_true, y_pred)
+    def mean_loss():
+        return float(loss.value_and_grad(np, y_true, y_pred)[0])
+    np.testing.assert_allclose(grad, numeric_grad(mean_loss, y_pred), rtol=1e-5, atol=1e-7)
+    # Keras' call gives the same mean, from the per-sample losses
+    assert float(loss(y_true, y_pred)) == pytest.approx(value, rel=1e-12)
     if name != "mse" and not from_logits:  # softmax + CE fused: p - onehot
         softmax = activations.get("softmax")
         chained = softmax.backward(np, logits, y_pred, grad)
@@ -158,7 +161,7 @@ def test_a_tiny_mlp_learns(device):
     for step in range(1, 61):
         h, c0 = net[0].forward(xp, params[0], xd)
         p, c1 = net[1].forward(xp, params[1], h)
-        value, _ = loss_fn(xp, yd, p)
+        value, _ = loss_fn.value_and_grad(xp, yd, p)
         first = float(value) if first is None else first
         dz = losses.fused_softmax_grad(xp, yd, p)  # through softmax and the loss at once
         dh, g1 = net[1].backward_linear(xp, params[1], c1[0], dz)

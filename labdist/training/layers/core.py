@@ -134,3 +134,22 @@ class Flatten(Layer):
 
     def __repr__(self) -> str:
         return "Flatten()"
+
+
+class Input:
+    """Keras 3's `keras.Input(shape)` as a `Sequential` model's first entry: it says the shape
+    of one sample (the batch axis left out), as `input_shape=` on the first layer does. Not a
+    layer: it computes nothing."""
+
+    def __init__(self, shape: tuple[int, ...] | int, batch_size: int | None = None,
+                 dtype: Any = None, name: str | None = None):
+        shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
+        self.shape = check_input_shape(tuple(shape) if isinstance(shape, list) else shape)
+        if self.shape is None:
+            checks.refuse("shape", shape, "a tuple of positive integers, like (784,)")
+        self.batch_size = checks.integer("batch_size", batch_size, 1, optional=True)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Input(shape={self.shape})"
+

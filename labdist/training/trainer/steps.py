@@ -330,7 +330,7 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     for layer, p, st in zip(layers, params, states, strict=True):
         h, cache = layer.forward(xp, p, h, training=True, rng=rng, state=st)
         caches.append(cache)
-    value, dh = loss(xp, y, h)
+    value, dh = loss.value_and_grad(xp, y, h)
     last = layers[-1]
     fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
              and isinstance(last, Dense) and last.activation.name == "softmax")
@@ -377,5 +377,5 @@ def forward_step(layers, weights, x, y, loss, metrics=(), states=None):
         return h
     if len(x) == 0:
         return 0.0, np.zeros(len(metrics))
-    value, _ = loss(xp, y, h)
+    value, _ = loss.value_and_grad(xp, y, h)
     return float(value) * len(x), np.array([float(m(xp, y, h)) for m in metrics])
