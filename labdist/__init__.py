@@ -8,6 +8,7 @@ from labdist.context import (
     has_strategy,
     in_cross_replica_context,
 )
+from labdist.data import dataset as data
 from labdist.data import datasets
 from labdist.data.distributed import InputContext, batches
 from labdist.data.pipelines import InputOptions
@@ -106,6 +107,7 @@ __all__ = [
     "callbacks",
     "compression",
     "constant",
+    "data",
     "datasets",
     "float16",
     "float32",

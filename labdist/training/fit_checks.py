@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from labdist import checks
+from labdist.data import dataset as dataset_lib
 from labdist.training.callback_base import Callback
 
 
@@ -40,9 +41,25 @@ def _float_x(x: Any, what: str) -> np.ndarray:
     return x
 
 
+def from_dataset(dataset: Any, y: Any, what: str, targets: bool = True
+                 ) -> tuple[Any, Any, int]:
+    """(x, y, batch size) from one pass of an `ld.data.Dataset` given as x."""
+    if y is not None:
+        raise ValueError(f"{what}: x is a dataset, so y comes from it; got y as well (leave "
+                         "y out)")
+    x, y, size = dataset_lib.one_pass(dataset, what)
+    if targets and y is None:
+        raise ValueError(f"{what}: the dataset gives x alone; allowed: (x, y) batches "
+                         "(Dataset.from_tensor_slices((x, y)).batch(n))")
+    return x, y, size
+
+
 def arrays(x: Any, y: Any, what: str = "fit") -> tuple[np.ndarray, np.ndarray]:
     """x as float32 (samples, ...) and y as an array of the same length, at least one
     sample."""
+    if y is None:
+        raise TypeError(f"{what}: y is missing; give x and y, or an ld.data.Dataset of (x, y) "
+                        "batches as x")
     x = _float_x(x, what)
     y = np.asarray(y)
     if len(x) != len(y):

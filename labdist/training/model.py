@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from labdist import checks, context
+from labdist.data.dataset import Dataset
 from labdist.data.distributed import Batches, shard
 from labdist.data.placed_input import placed_arrays
 from labdist.timing import phases
@@ -162,11 +163,20 @@ class Sequential:
                                 for k, v in w.items()} for w in self._weights]
 
     # -- training -----------------------------------------------------------------------------
-    def fit(self, x, y, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
-            callbacks: Sequence[Any] | None = (), validation_data: tuple | None = None,
+    def fit(self, x, y=None, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
+            callbacks: Sequence[Any] | None = (), validation_data: Any = None,
             shuffle: bool = True, initial_epoch: int = 0) -> History:
+        """Keras' fit, on arrays (x, y) or on an `ld.data.Dataset` of (x, y) batches: its
+        batches are taken from one pass (their size is the global batch size), and a
+        pipeline with a shuffle step is reshuffled every epoch (a full shuffle)."""
         # everything checked before anything changes (fit_checks.py)
         self._check_compiled()
+        if isinstance(x, Dataset):
+            shuffle = x.shuffled
+            x, y, batch_size = fit_checks.from_dataset(x, y, "fit")
+        if isinstance(validation_data, Dataset):
+            validation_data = fit_checks.from_dataset(validation_data, None,
+                                                      "validation_data")[:2]
         x, y = fit_checks.arrays(x, y)
         fit_checks.check_data(self, x, y)
         fit_checks.fit_arguments(self, epochs, shuffle, initial_epoch)
@@ -258,9 +268,11 @@ class Sequential:
                          self.seed, self._resolved_metrics(y), self._outer, self._states)
 
     # -- inference ----------------------------------------------------------------------------
-    def evaluate(self, x, y, batch_size: int = 32, verbose: Any = "auto",
+    def evaluate(self, x, y=None, batch_size: int = 32, verbose: Any = "auto",
                  return_dict: bool = False):
         self._check_compiled()
+        if isinstance(x, Dataset):
+            x, y, batch_size = fit_checks.from_dataset(x, y, "evaluate")
         x, y = fit_checks.arrays(x, y, "evaluate")
         fit_checks.check_data(self, x, y, "evaluate")
         verbose = check_verbose(verbose)
@@ -282,6 +294,8 @@ class Sequential:
         return list(logs.values()) if len(logs) > 1 else logs["loss"]
 
     def predict(self, x, batch_size: int = 32, verbose: Any = "auto") -> np.ndarray:
+        if isinstance(x, Dataset):
+            x, _, batch_size = fit_checks.from_dataset(x, None, "predict", targets=False)
         x = fit_checks.inputs(self, x, "predict")
         verbose = check_verbose(verbose)
         if not self.built:
