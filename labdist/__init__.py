@@ -46,6 +46,7 @@ from labdist.strategies import (
 )
 from labdist.tf_compat import (
     bool_,
+    cast,
     constant,
     float16,
     float32,
@@ -105,6 +106,7 @@ __all__ = [
     "VariableSynchronization",
     "batches",
     "callbacks",
+    "cast",
     "compression",
     "constant",
     "data",

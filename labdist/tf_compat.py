@@ -1,5 +1,5 @@
 """The names a TensorFlow program reaches at the top level, so the port rule (`tf.` -> `ld.`)
-holds: dtypes (`ld.float32`, ...), `ld.constant` and `@ld.function`.
+holds: dtypes (`ld.float32`, ...), `ld.constant`, `ld.cast` and `@ld.function`.
 
 labdist has no graph mode: every step is Python on the replicas' workers, run as written, so
 `@ld.function` is a pass-through (with or without TensorFlow's arguments, which it accepts
@@ -22,6 +22,15 @@ bool_ = np.bool_  # `ld.bool` too (set in labdist/__init__.py: `bool` is a built
 def constant(value: Any, dtype: Any = None) -> np.ndarray:
     """TensorFlow's `tf.constant`: the value as an array (numpy's dtype rules, or `dtype`)."""
     return np.array(value, dtype=dtype)
+
+
+def cast(x: Any, dtype: Any) -> Any:
+    """TensorFlow's `tf.cast`: `x` as `dtype`, in the array module of the replica this runs
+    on (numpy on the driver)."""
+    from labdist.replica.replica_context import current
+
+    ctx = current()
+    return (np if ctx is None else ctx.xp).asarray(x).astype(dtype)
 
 
 def function(func: Callable | None = None, **tf_arguments: Any) -> Callable:

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training", ("labdist.training", "labdist.data.placed_input")),
     ("parameter_server", ("labdist.parameter_server",)),
     ("strategies", ("labdist.strategies", "labdist.variables", "labdist.context",
+                    "labdist.tf_compat",
                     "labdist.quorum", "labdist.data.feeds", "labdist.data.dataset_placement")),
     ("cluster", ("labdist.cluster", "labdist.quorum.membership", "labdist.timing.timeline",
                  "labdist.timing.trace", "labdist.timing.dashboard")),
@@ -46,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("labdist.aggregation", "labdist.checks", "labdist.devices", "labdist.enums",
               "labdist.errors", "labdist.interrupts", "labdist.nest", "labdist.network",
               "labdist.shipping", "labdist.values", "labdist.actor_call", "labdist.shm",
-              "labdist.data", "labdist.timing", "labdist.tf_compat")),
+              "labdist.data", "labdist.timing")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")
