@@ -78,7 +78,8 @@ class Layer(ABC):
                 state: dict | None = None):
         """(output, cache): the cache is what `backward` needs from this call. `state`: this
         replica's copies of the layer's state ({name: array}), updated in place while
-        training."""
+        training; passed only to a layer that has state (`state_shapes`), so a layer
+        without any may leave the argument out."""
 
     @abstractmethod
     def backward(self, xp, params: dict, cache, dy, input_grad: bool = True,

@@ -328,7 +328,10 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     caches, h = [], x
     states = states if states is not None else [None] * len(layers)
     for layer, p, st in zip(layers, params, states, strict=True):
-        h, cache = layer.forward(xp, p, h, training=True, rng=rng, state=st)
+        if st:  # only a layer with state takes it (a layer written before state need not)
+            h, cache = layer.forward(xp, p, h, training=True, rng=rng, state=st)
+        else:
+            h, cache = layer.forward(xp, p, h, training=True, rng=rng)
         caches.append(cache)
     value, dh = loss.value_and_grad(xp, y, h)
     last = layers[-1]
@@ -371,8 +374,12 @@ def forward_step(layers, weights, x, y, loss, metrics=(), states=None):
     h = x
     states = states if states is not None else [{} for _ in layers]
     for layer, w, st in zip(layers, weights, states, strict=True):
-        h, _ = layer.forward(xp, {k: ctx.local_copy(v) for k, v in w.items()}, h,
-                             state={k: ctx.local_copy(v) for k, v in st.items()})
+        params = {k: ctx.local_copy(v) for k, v in w.items()}
+        if st:
+            h, _ = layer.forward(xp, params, h,
+                                 state={k: ctx.local_copy(v) for k, v in st.items()})
+        else:
+            h, _ = layer.forward(xp, params, h)
     if y is None:
         return h
     if len(x) == 0:
