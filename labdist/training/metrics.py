@@ -219,8 +219,10 @@ class Metric(ABC):
 class Mean(Metric):
     """The (weighted) mean of every value given: `total` / `count`, 0 before any."""
 
-    def __init__(self, name: str = "mean", dtype: str = "float32"):
-        super().__init__(name, dtype)
+    default_name = "mean"
+
+    def __init__(self, name: str | None = None, dtype: str = "float32"):
+        super().__init__(self.default_name if name is None else name, dtype)
         self.add_variable((), "total")
         self.add_variable((), "count")
 
@@ -264,10 +266,7 @@ class Sum(Metric):
 class SparseCategoricalAccuracy(Mean):
     """How often argmax(y_pred) is the class id in y_true."""
 
-    formula = "sparse_categorical_accuracy"
-
-    def __init__(self, name: str = "sparse_categorical_accuracy", dtype: str = "float32"):
-        super().__init__(name, dtype)
+    formula = default_name = "sparse_categorical_accuracy"
 
     def _values(self, xp, y_true, y_pred):
         y_pred = xp.asarray(y_pred)
@@ -278,10 +277,7 @@ class SparseCategoricalAccuracy(Mean):
 class CategoricalAccuracy(Mean):
     """How often argmax(y_pred) is argmax(y_true) (one-hot targets)."""
 
-    formula = "categorical_accuracy"
-
-    def __init__(self, name: str = "categorical_accuracy", dtype: str = "float32"):
-        super().__init__(name, dtype)
+    formula = default_name = "categorical_accuracy"
 
     def _values(self, xp, y_true, y_pred):
         return xp.asarray(y_pred).argmax(axis=-1) == xp.asarray(y_true).argmax(axis=-1)
@@ -291,9 +287,7 @@ class MeanSquaredError(Mean):
     """The mean over samples of each sample's mean squared error over its last axis."""
 
     formula = "mse"
-
-    def __init__(self, name: str = "mean_squared_error", dtype: str = "float32"):
-        super().__init__(name, dtype)
+    default_name = "mean_squared_error"
 
     def _values(self, xp, y_true, y_pred):
         y_pred = xp.asarray(y_pred)

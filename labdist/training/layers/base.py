@@ -93,7 +93,7 @@ class Layer(ABC):
         """The constructor's keyword arguments, JSON-able: `model.save` writes them and
         `load_model` calls the class with them."""
 
-    def _incompatible(self, input_shape: Shape, expected: str) -> ValueError:
+    def incompatible(self, input_shape: Shape, expected: str) -> ValueError:
         """Keras' wording for an input a layer cannot take."""
         return ValueError(f"Input of layer {self!r} is incompatible with the layer: expected "
                           f"{expected}, got shape (None, {', '.join(map(str, input_shape))}) "

@@ -22,14 +22,7 @@ class _Pooling2D(Layer):
         self.input_shape = check_input_shape(input_shape, 3, "(28, 28, 1)")
 
     def _geometry(self, input_shape: Shape) -> windows.Geometry:
-        if len(input_shape) != 3:
-            raise self._incompatible(input_shape, "images (height, width, channels)")
-        g = windows.geometry(input_shape[0], input_shape[1], self.pool_size, self.strides,
-                             self.padding)
-        if g is None:
-            raise self._incompatible(input_shape, f"images of at least {self.pool_size[0]}x"
-                                     f"{self.pool_size[1]} for padding='valid'")
-        return g
+        return windows.for_images(self, input_shape, self.pool_size, self.strides, self.padding)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*self._geometry(input_shape).out, input_shape[2])
@@ -101,7 +94,7 @@ class GlobalAveragePooling1D(Layer):
 
     def output_shape(self, input_shape: Shape) -> Shape:
         if len(input_shape) != 2:
-            raise self._incompatible(input_shape, "sequences (steps, features)")
+            raise self.incompatible(input_shape, "sequences (steps, features)")
         return (input_shape[1],)
 
     def forward(self, xp, params, x, training: bool = False, rng: Any = None,

@@ -50,6 +50,19 @@ def geometry(height: int, width: int, size: tuple[int, int], strides: tuple[int,
                     (after[0], after[1]))
 
 
+def for_images(layer, input_shape: tuple[int, ...], size: tuple[int, int],
+               strides: tuple[int, int], padding: str) -> Geometry:
+    """The geometry of `layer`'s windows (a convolution's or a pooling's) on images of
+    `input_shape` (height, width, channels); Keras' `ValueError` where they cannot go."""
+    if len(input_shape) != 3:
+        raise layer.incompatible(input_shape, "images (height, width, channels)")
+    g = geometry(input_shape[0], input_shape[1], size, strides, padding)
+    if g is None:
+        raise layer.incompatible(input_shape, f"images of at least {size[0]}x{size[1]} for "
+                                 "padding='valid'")
+    return g
+
+
 def padded(xp, x, g: Geometry, fill: float = 0.0):
     """`x` with the geometry's padding around its height and width (no copy without any)."""
     if not any(g.pad_before) and not any(g.pad_after):
