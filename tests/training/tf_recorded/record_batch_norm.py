@@ -76,7 +76,7 @@ def main() -> None:
             out["runs"][f"synchronized={synchronized},replicas={n}"] = json.loads(
                 done.stdout.strip().splitlines()[-1])
     path = Path(__file__).with_name("batch_norm.json")
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"{len(out['runs'])} runs from TensorFlow {tf.__version__} written to {path}")
 
 

@@ -82,7 +82,7 @@ def main() -> None:
             case[f"replicas_{n}"] = entry
         out["cases"][name] = case
     path = Path(__file__).with_name("metrics.json")
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"{len(CASES)} metrics from TensorFlow {tf.__version__} written to {path}")
 
 

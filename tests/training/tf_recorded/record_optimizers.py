@@ -43,7 +43,7 @@ def main() -> None:
             steps.append(v.numpy().tolist())
         out["cases"][name] = {"class_name": cls, "config": config, "after_each_step": steps}
     path = Path(__file__).with_name("optimizers.json")
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
     print(f"{len(CASES)} optimizers from TensorFlow {tf.__version__} written to {path}")
 
 
