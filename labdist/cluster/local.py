@@ -13,7 +13,7 @@ import dask
 from distributed import Client, LocalCluster, Security
 
 from labdist import interrupts
-from labdist.cluster import capacity, reaper, threads
+from labdist.cluster import capacity, main_module, reaper, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
@@ -31,6 +31,7 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
     the GPUs visible here, `pinning_backend(device).visible_gpus()`), through dask-cuda where
     it is installed and the GPUs are CUDA's."""
     capacity.check_local_workers(n_workers, f"n_workers={n_workers}")
+    main_module.check()  # a script whose top level the workers would run again: say so now
     reaper.collect()  # strategies nobody holds (a set-up cell run again) go first
     pinning = pinning_backend(device)
     gpus = pinning.visible_gpus() if gpus is None else list(gpus)
