@@ -208,6 +208,7 @@ class Sequential:
                 slots = [d for layer in self._slots for d in layer.values()]
                 self._strategy.run(diloco.finish_round,
                                    args=(self._outer, self.trainable_weights, slots))
+            self._count_in_optimizer()
             return history
         except BaseException as error:  # say how far it got: which updates the weights hold
             error.add_note(f"model.fit: {self._iterations - steps_before} optimizer step(s) "
@@ -216,6 +217,19 @@ class Sequential:
             raise
         finally:
             stop_listening()
+
+    def _count_in_optimizer(self) -> None:
+        """Keras' `model.optimizer.iterations` after `fit`: the optimizer steps the model has
+        taken, as an `ONLY_FIRST_REPLICA` int64 variable (the one a custom loop's
+        `optimizer.build` makes, where it made one)."""
+        counter = self._optimizer.iterations
+        with self._strategy.scope():
+            if counter is None:
+                self._optimizer.iterations = Variable(
+                    np.asarray(self._iterations, np.int64), trainable=False,
+                    aggregation="ONLY_FIRST_REPLICA", name="iterations")
+            elif counter.strategy_id == self._strategy.id:
+                counter.assign(np.asarray(self._iterations, np.int64))
 
     def _epochs(self, start, epochs, loop, y, batch_size, verbose, callbacks,
                 validation_data, history) -> History:

@@ -45,7 +45,7 @@ def seed_program(strategy, x, y):
             ld.layers.Dense(10)])
         model.compile(loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optimizer=ld.optimizers.Adam(learning_rate=0.01), metrics=["accuracy"])
-    return model.fit(x, y, batch_size=64, epochs=3, verbose=0)
+    return model, model.fit(x, y, batch_size=64, epochs=3, verbose=0)
 
 
 def test_a_keras_3_program_runs_with_the_import_changed():
@@ -60,8 +60,10 @@ def test_a_keras_3_program_runs_with_the_import_changed():
 
         out = strategy.run(replica_sum, args=(ld.constant(2.0, dtype=ld.float32),))
         assert [float(o) for o in strategy.experimental_local_results(out)] == [4.0, 4.0]
-        history = seed_program(strategy, x, y)
+        model, history = seed_program(strategy, x, y)
         assert history.history["accuracy"][-1] > 0.9
+        steps = 3 * -(-len(x) // 64)  # Keras' optimizer.iterations: the steps fit took
+        assert int(model.optimizer.iterations.numpy()) == steps
     finally:
         strategy.close()
 
