@@ -1,6 +1,7 @@
 """labdist: tf.distribute's ideas, made real on Dask workers. See SEMANTICS in the docs."""
 
 from labdist import lab
+from labdist.autodiff import GradientTape
 from labdist.collectives import compression
 from labdist.context import (
     get_replica_context,
@@ -45,9 +46,11 @@ from labdist.strategies import (
     Strategy,
 )
 from labdist.tf_compat import (
+    add_n,
     bool_,
     cast,
     constant,
+    exp,
     float16,
     float32,
     float64,
@@ -56,10 +59,17 @@ from labdist.tf_compat import (
     int16,
     int32,
     int64,
+    log,
+    matmul,
+    maximum,
+    reduce_mean,
+    reduce_sum,
+    sqrt,
+    square,
     uint8,
 )
 from labdist.timing.trace import profile
-from labdist.training import callbacks, layers, losses, metrics, optimizers
+from labdist.training import callbacks, layers, losses, metrics, nn, optimizers, regularizers
 from labdist.training import checkpoint as train
 from labdist.training import model as models
 from labdist.training.layers import Input
@@ -75,6 +85,7 @@ __all__ = [
     "ClusterCoordinator",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "GradientTape",
     "Input",
     "InputContext",
     "InputOptions",
@@ -104,6 +115,7 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "add_n",
     "batches",
     "callbacks",
     "cast",
@@ -111,6 +123,7 @@ __all__ = [
     "constant",
     "data",
     "datasets",
+    "exp",
     "float16",
     "float32",
     "float64",
@@ -125,11 +138,20 @@ __all__ = [
     "int64",
     "lab",
     "layers",
+    "log",
     "losses",
+    "matmul",
+    "maximum",
     "metrics",
     "models",
+    "nn",
     "optimizers",
     "profile",
+    "reduce_mean",
+    "reduce_sum",
+    "regularizers",
+    "sqrt",
+    "square",
     "to_host",
     "train",
     "uint8",

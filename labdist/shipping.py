@@ -11,6 +11,8 @@ import enum
 import functools
 import hashlib
 import io
+import itertools
+import os
 import pickle
 import sys
 import types
@@ -46,10 +48,36 @@ def dumps(fn) -> bytes:
 
 
 def driver_object(fn):
-    """The driver's own function for a copy that came back from a replica (else the copy)."""
+    """The driver's own function (or object `remember` tagged) for a copy that came back
+    from a replica (else the copy itself)."""
     token = getattr(fn, "__dict__", {}).get(_TOKEN)
-    original = _driver_functions.get(token) if token is not None else None
+    if isinstance(token, tuple):  # remembered: (the process that made it, its number)
+        original = _driver_objects.get(token[1]) if token[0] == os.getpid() else None
+    else:
+        original = _driver_functions.get(token) if token is not None else None
     return original if original is not None else fn
+
+
+_driver_objects: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_object_numbers = itertools.count(1)
+TOKEN = _TOKEN  # the key `remember` adds to an object's __dict__ (left out of its config)
+
+
+def driver_object_by_token(token: Any) -> Any:
+    """The object `remember` tagged with `token` (a copy's `__dict__[TOKEN]`), if it was made
+    in this process and still lives; else None."""
+    if not isinstance(token, tuple) or token[0] != os.getpid():
+        return None
+    return _driver_objects.get(token[1])
+
+
+def remember(obj: Any) -> None:
+    """Tag `obj` (a model, an optimizer) so that a copy of it a replica sends back to the
+    driver in a `merge_call` is swapped for `obj` itself (`driver_object`): building its
+    variables there builds the user's object, not a copy."""
+    number = next(_object_numbers)
+    _driver_objects[number] = obj
+    obj.__dict__[_TOKEN] = (os.getpid(), number)
 
 
 def picklable_error(error: BaseException) -> BaseException:

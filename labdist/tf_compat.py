@@ -43,3 +43,54 @@ def function(func: Callable | None = None, **tf_arguments: Any) -> Callable:
     if not callable(func):
         raise TypeError(f"ld.function takes a function; got {func!r}")
     return func
+
+
+# -- tf.math at the top level: on arrays, variables and values a tape records -----------------
+def _value(x: Any) -> Any:
+    """A variable's value (recorded on an open tape), else `x` itself."""
+    from labdist.variables import Variable
+
+    return x.read_value() if isinstance(x, Variable) else x
+
+
+def reduce_sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    return np.sum(_value(x), axis=axis, keepdims=keepdims)  # a recorded value's own sum
+
+
+def reduce_mean(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    return np.mean(_value(x), axis=axis, keepdims=keepdims)
+
+
+def add_n(inputs: list) -> Any:
+    """The sum of a non-empty list of same-shaped values (TensorFlow's `tf.add_n`)."""
+    inputs = list(inputs)
+    if not inputs:
+        raise ValueError("add_n takes a non-empty list of values (got an empty one)")
+    total = _value(inputs[0])
+    for x in inputs[1:]:
+        total = total + _value(x)
+    return total
+
+
+def square(x: Any) -> Any:
+    return np.square(_value(x))
+
+
+def sqrt(x: Any) -> Any:
+    return np.sqrt(_value(x))
+
+
+def exp(x: Any) -> Any:
+    return np.exp(_value(x))
+
+
+def log(x: Any) -> Any:
+    return np.log(_value(x))
+
+
+def matmul(a: Any, b: Any) -> Any:
+    return np.matmul(_value(a), _value(b))
+
+
+def maximum(a: Any, b: Any) -> Any:
+    return np.maximum(_value(a), _value(b))

@@ -17,6 +17,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from labdist import aggregation as table
 from labdist import checks, context, shipping
+from labdist.autodiff import tape, unwrap
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.replica import replica_context
@@ -116,19 +117,23 @@ class Variable(NDArrayOperatorsMixin):
 
     # -- reads ------------------------------------------------------------------------------------
     def read_value(self) -> Any:
-        """Replica context: a snapshot of the local copy. Cross-replica: the aggregated value."""
+        """Replica context: a snapshot of the local copy. Cross-replica: the aggregated value.
+        Under an open `ld.GradientTape` that watches it, the snapshot is recorded."""
+        return tape.read(self, self._snapshot())
+
+    value = read_value
+
+    def _snapshot(self) -> Any:
         ctx = self._context()
         if ctx is not None:
             return ctx.local_copy(self).copy()
         return self._cross_read()
 
-    value = read_value
-
     def numpy(self) -> np.ndarray:
         """The value as a host numpy array (an explicit device-to-host copy)."""
         ctx = self._context()
         if ctx is not None:
-            return ctx.backend.to_host(self.read_value())
+            return ctx.backend.to_host(self._snapshot())
         return self._cross_read()
 
     def __array__(self, dtype=None, copy=None):
@@ -144,11 +149,15 @@ class Variable(NDArrayOperatorsMixin):
         values = [x.read_value() if isinstance(x, Variable) else x for x in inputs]
         return getattr(ufunc, method)(*values, **kwargs)
 
+    def __getitem__(self, index) -> Any:
+        """A slice of the value (recorded on an open tape), as TensorFlow's `v[...]`."""
+        return self.read_value()[index]
+
     def __float__(self) -> float:
-        return float(self.read_value())
+        return float(self._snapshot())
 
     def __int__(self) -> int:
-        return int(self.read_value())
+        return int(self._snapshot())
 
     # -- writes -----------------------------------------------------------------------------------
     def assign(self, value: Any, read_value: bool = True) -> Any:
@@ -282,7 +291,8 @@ class Variable(NDArrayOperatorsMixin):
     def _prepare(self, value: Any, backend, mode: str, on_device: bool) -> tuple[Any, bool]:
         """Check `value` against this variable; return (array of its dtype, is_constant)."""
         if isinstance(value, Variable):
-            value = value.read_value()
+            value = value._snapshot()
+        value = unwrap(value)  # a value a tape recorded: its array
         constant = isinstance(value, _CONSTANTS)
         if constant or isinstance(value, np.ndarray | np.generic):
             if on_device and backend.is_device and isinstance(value, np.ndarray):

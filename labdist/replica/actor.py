@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import nest
+from labdist import autodiff, nest
 from labdist.data.distributed import run_steps
 from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
@@ -233,6 +233,7 @@ class ReplicaCore:
         backend, copy = self.backend, self.copy_results
 
         def move(x):
+            x = autodiff.unwrap(x)  # a value a tape recorded leaves the step as its array
             if backend.is_array(x) or isinstance(x, np.ndarray):
                 host = backend.to_host(x)
                 return np.array(host, copy=True) if copy else host

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context
+from labdist import context, shipping
 from labdist.enums import VariableSynchronization as Sync
 from labdist.replica.replica_context import current
 from labdist.training.trainer import diloco
@@ -62,12 +62,35 @@ def build(optimizer, variables) -> None:
                 for s, a in optimizer.slots(np.zeros(v.shape, v.dtype)).items()}
 
 
+def build_from_replica(ctx, optimizer, variables: list) -> None:
+    """Keras 3's lazy build, from inside `strategy.run`: the replicas pause in one
+    `merge_call`, the driver builds the user's optimizer (its slot variables and step count,
+    under the scope), and each replica's copy takes the handles it made."""
+    token = optimizer.__dict__.get(shipping.TOKEN)
+    made = ctx.merge_call(_build_on_driver, args=(token, variables))
+    optimizer.iterations, slots = made
+    optimizer.slot_variables.update(slots)
+
+
+def _build_on_driver(strategy, token, variables) -> tuple:
+    """merge_call's function: build the driver's optimizer for `variables`."""
+    optimizer = shipping.driver_object_by_token(token)
+    if optimizer is None:
+        raise RuntimeError(
+            "apply_gradients could not build the optimizer from inside strategy.run (it was "
+            "not made in this driver process): call optimizer.build(variables) under "
+            "strategy.scope() before strategy.run")
+    with strategy.scope():
+        build(optimizer, variables)
+    return optimizer.iterations, {v.id: optimizer.slot_variables[v.id] for v in variables}
+
+
 def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
     """The (gradient, variable) pairs to apply: None gradients skipped, as TensorFlow does;
     anything else wrong is an error naming the variable, before anything changes."""
     from labdist.variables import Variable
 
-    pairs, stateful = [], needs_slots(optimizer)
+    pairs = []
     for i, pair in enumerate(grads_and_vars):
         try:
             g, v = pair
@@ -84,10 +107,6 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
         if tuple(np.shape(g)) != v.shape:
             raise ValueError(f"the gradient of {v.name!r} has shape {tuple(np.shape(g))}; the "
                              f"variable's shape is {v.shape}")
-        if stateful and v.id not in optimizer.slot_variables:
-            raise RuntimeError(
-                f"{type(optimizer).__name__} keeps state for {v.name!r} but has none made: "
-                "call optimizer.build(variables) under strategy.scope() before strategy.run")
         pairs.append((g, v))
     if not pairs:
         raise ValueError("apply_gradients: no gradients provided for any variable")
@@ -124,6 +143,10 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     if ctx.compression is not None:  # before anything changes (the step count included)
         for _, v in pairs:
             ctx.compression.check_dtype(v.dtype, f"the gradient of {v.name!r}")
+    stateful = needs_slots(optimizer)
+    if optimizer.iterations is None or (stateful and any(
+            v.id not in optimizer.slot_variables for _, v in pairs)):
+        build_from_replica(ctx, optimizer, [v for _, v in pairs])
     xp = ctx.xp
     step = 1
     if optimizer.iterations is not None:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from labdist import checks
+from labdist.autodiff import Recorded, node, unwrap
 
 EPSILON = 1e-7  # Keras' clip for probabilities
 
@@ -47,14 +48,27 @@ class Loss(NamedTuple):
 
         ctx = current()
         xp = np if ctx is None else ctx.xp
-        y_pred = xp.asarray(y_pred)
-        per = self.per_sample(xp, xp.asarray(y_true), y_pred)
+        recorded = y_pred if isinstance(y_pred, Recorded) else None
+        y_pred = xp.asarray(unwrap(y_pred))
+        y_true = xp.asarray(unwrap(y_true))
+        per = self.per_sample(xp, y_true, y_pred)
+        if recorded is not None:  # on a tape: the per-sample losses, recorded
+            per = node(per, (recorded,), self._per_sample_backward(xp, y_true, y_pred))
         if sample_weight is not None:
-            per = per * xp.asarray(sample_weight, dtype=per.dtype).reshape(per.shape)
+            per = per * xp.asarray(unwrap(sample_weight), dtype=per.dtype).reshape(per.shape)
         if self.reduction == "none":
             return per
         total = per.sum()
-        return total if self.reduction == "sum" else total / max(per.shape[0], 1)
+        return total if self.reduction == "sum" else total * (1.0 / max(per.shape[0], 1))
+
+    def _per_sample_backward(self, xp, y_true, y_pred):
+        """d (per-sample losses) / d y_pred, weighted by the gradient coming back: each sample's
+        loss depends on its own row only, so it is the batch mean's gradient times n."""
+        def backward(g):
+            _, grad_of_mean = self.value_and_grad(xp, y_true, y_pred)
+            n = y_pred.shape[0]
+            return (grad_of_mean * (g * n).reshape(n, *([1] * (y_pred.ndim - 1))),)
+        return backward
 
     def per_sample(self, xp, y_true, y_pred):
         """One loss per sample (Keras' formulas, before any reduction)."""

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from labdist import checks, context
+from labdist import checks, context, shipping
 from labdist.data.dataset import Dataset
 from labdist.data.distributed import Batches, shard
 from labdist.data.placed_input import placed_arrays
 from labdist.timing import phases
-from labdist.training import fit_checks, losses, optimizers, saving
+from labdist.training import fit_checks, losses, model_call, optimizers, saving
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
 from labdist.training.progress import ProgressBar, check_verbose
@@ -72,6 +72,7 @@ class Sequential:
         self._steps_per_execution = 1
         self._iterations = 0
         self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
+        shipping.remember(self)  # a first call inside strategy.run builds this one
         if given_shape is None and self.layers:
             given_shape = self.layers[0].input_shape
         if given_shape is not None:
@@ -118,6 +119,44 @@ class Sequential:
                                for k, v in layer.build_state(into).items()})
         self._weights, self._states = weights, states
         self._input_shape, self._output_shape = shape, outputs[-1] if outputs else shape
+
+    def build_record(self) -> tuple:
+        """What a replica's copy needs to take over this model's build (`adopt_build`)."""
+        return self._weights, self._states, self._input_shape, self._output_shape
+
+    def adopt_build(self, weights, states, input_shape, output_shape) -> None:
+        """On a replica's copy: the variables the driver made when a step's first call built
+        the model (model_call.py)."""
+        self._weights, self._states = weights, states
+        self._input_shape, self._output_shape = input_shape, output_shape
+
+    @property
+    def strategy(self):
+        """The strategy in scope when the model was made: its weights' copies live there."""
+        return self._strategy
+
+    def weight_dicts(self) -> list[dict[str, Variable]]:
+        """Per layer, {parameter name: its trainable variable}."""
+        return self._weights
+
+    def state_dicts(self) -> list[dict[str, Variable]]:
+        """Per layer, {name: its non-trainable state variable} (batch norm's statistics)."""
+        return self._states or [{} for _ in self._weights]
+
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        """Keras' call: the model's output on the batch `x`; inside `strategy.run`, on this
+        replica's copies; recorded on an open `ld.GradientTape` (model_call.py)."""
+        return model_call.call(self, x, training)
+
+    @property
+    def losses(self) -> list:
+        """Keras' `model.losses`: each weight penalty (`kernel_regularizer=` ...) at the
+        weights' current values, recorded on an open tape; empty without regularizers."""
+        out = []
+        for layer, w in zip(self.layers, self._weights, strict=False):
+            for k, penalty in layer.regularizers().items():
+                out.append(penalty(w[k].read_value()))
+        return out
 
     def compile(self, loss: Any = "mse", optimizer: Any = "sgd", metrics: Sequence[str] = (),
                 steps_per_execution: int = 1) -> None:
@@ -352,9 +391,14 @@ class Sequential:
     def trainable_weights(self) -> list[Variable]:
         return [v for w in self._weights for v in w.values()]
 
+    trainable_variables = trainable_weights  # TensorFlow's names for the same lists
+    variables = weights
+
     @property
     def non_trainable_weights(self) -> list[Variable]:
         return [v for st in self._states for v in st.values()]
+
+    non_trainable_variables = non_trainable_weights
 
     def get_weights(self) -> list[np.ndarray]:
         """Every weight as a host array; of a state each replica keeps (ON_WRITE / NONE),

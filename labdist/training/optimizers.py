@@ -41,12 +41,13 @@ class Optimizer(ABC):
         self.slot_variables: dict[int, dict[str, Any]] = {}  # variable id -> {slot: Variable}
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
         self.outer: Any = None  # local SGD / DiLoCo's state (trainer/diloco.py), once built
+        shipping.remember(self)  # a replica's lazy build (apply_gradients) builds this one
 
     def hyperparameters(self) -> dict[str, Any]:
         """The numbers that decide an update (learning rate, momentum, ...), without the state
         `build` made: what tells one configuration of an optimizer from another."""
-        return {k: v for k, v in vars(self).items() if k not in ("slot_variables", "iterations",
-                                                              "outer")}
+        return {k: v for k, v in vars(self).items()
+                if k not in ("slot_variables", "iterations", "outer", shipping.TOKEN)}
 
     @abstractmethod
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:

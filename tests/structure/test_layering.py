@@ -44,10 +44,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "outcome", "liveness", "compressed_push", "shm_wire", "shm_client",
                     "shm_server", "settings", "push")))),
     ("collectives", ("labdist.collectives",)),
-    ("base", ("labdist.aggregation", "labdist.checks", "labdist.devices", "labdist.enums",
-              "labdist.errors", "labdist.interrupts", "labdist.nest", "labdist.network",
-              "labdist.shipping", "labdist.values", "labdist.actor_call", "labdist.shm",
-              "labdist.data", "labdist.timing")),
+    ("base", ("labdist.aggregation", "labdist.autodiff", "labdist.checks", "labdist.devices",
+              "labdist.enums", "labdist.errors", "labdist.interrupts", "labdist.nest",
+              "labdist.network", "labdist.shipping", "labdist.values", "labdist.actor_call",
+              "labdist.shm", "labdist.data", "labdist.timing")),
 ]
 # What runs inside worker processes (actors, collectives): never the driver's code.
 WORKER_SIDE = ("worker", "collectives", "base")

@@ -53,6 +53,11 @@ class Layer(ABC):
         """Initial state as float32 host arrays, in `state_shapes` order."""
         return {}
 
+    def regularizers(self) -> dict[str, Any]:
+        """{parameter name: penalty} (Keras' `kernel_regularizer=` ...): what the layer adds
+        to the loss for its weights. Most layers add nothing."""
+        return {}
+
     @property
     def makes_collectives(self) -> bool:
         """Whether a training step of this layer talks to the other replicas (synchronized
@@ -111,6 +116,22 @@ def check_input_shape(value: Any, ndim: int | None = None, example: str = "(64,)
         what = f"a {ndim}-tuple" if ndim is not None else "a tuple"
         checks.refuse("input_shape", value, f"{what} of positive integers, like {example}")
     return value
+
+
+def penalties(layer: Any) -> dict[str, Any]:
+    """{parameter: regularizer} of a layer with `kernel_regularizer` / `bias_regularizer`."""
+    out = {"kernel": layer.kernel_regularizer}
+    if layer.use_bias:
+        out["bias"] = layer.bias_regularizer
+    return {k: r for k, r in out.items() if r is not None}
+
+
+def penalties_config(layer: Any) -> dict[str, Any]:
+    """The regularizers' part of `get_config` (left out where there are none, so configs
+    saved before regularizers existed read the same)."""
+    given = {"kernel_regularizer": layer.kernel_regularizer,
+             "bias_regularizer": layer.bias_regularizer}
+    return {name: r.get_config() for name, r in given.items() if r is not None}
 
 
 def pair(name: str, value: Any) -> tuple[int, int]:

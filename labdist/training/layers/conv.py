@@ -8,9 +8,17 @@ from typing import Any
 import numpy as np
 
 from labdist import checks
-from labdist.training import activations
+from labdist.training import activations, regularizers
 from labdist.training.layers import windows
-from labdist.training.layers.base import Layer, Shape, check_input_shape, glorot_uniform, pair
+from labdist.training.layers.base import (
+    Layer,
+    Shape,
+    check_input_shape,
+    glorot_uniform,
+    pair,
+    penalties,
+    penalties_config,
+)
 
 
 class Conv2D(Layer):
@@ -21,8 +29,11 @@ class Conv2D(Layer):
     def __init__(self, filters: int, kernel_size: int | tuple[int, int],
                  strides: int | tuple[int, int] = (1, 1), padding: str = "valid",
                  activation: str | None = None, use_bias: bool = True,
-                 input_shape: tuple[int, int, int] | None = None):
+                 input_shape: tuple[int, int, int] | None = None,
+                 kernel_regularizer: Any = None, bias_regularizer: Any = None):
         self.filters = checks.integer("filters", filters, 1)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer, "kernel_regularizer")
+        self.bias_regularizer = regularizers.get(bias_regularizer, "bias_regularizer")
         self.kernel_size = pair("kernel_size", kernel_size)
         self.strides = pair("strides", strides)
         self.padding = windows.check_padding(padding)
@@ -35,6 +46,9 @@ class Conv2D(Layer):
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*self._geometry(input_shape).out, self.filters)
+
+    def regularizers(self) -> dict[str, Any]:
+        return penalties(self)
 
     def param_shapes(self, input_shape: Shape) -> dict[str, Shape]:
         self._geometry(input_shape)
@@ -85,7 +99,7 @@ class Conv2D(Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"filters": self.filters, "kernel_size": list(self.kernel_size),
-                "strides": list(self.strides), "padding": self.padding,
+                **penalties_config(self), "strides": list(self.strides), "padding": self.padding,
                 "activation": self.activation.name, "use_bias": bool(self.use_bias),
                 "input_shape": list(self.input_shape) if self.input_shape else None}
 

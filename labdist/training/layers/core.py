@@ -8,8 +8,15 @@ from typing import Any
 import numpy as np
 
 from labdist import checks
-from labdist.training import activations
-from labdist.training.layers.base import Layer, Shape, check_input_shape, glorot_uniform
+from labdist.training import activations, regularizers
+from labdist.training.layers.base import (
+    Layer,
+    Shape,
+    check_input_shape,
+    glorot_uniform,
+    penalties,
+    penalties_config,
+)
 
 
 class Dense(Layer):
@@ -18,14 +25,20 @@ class Dense(Layer):
     same kernel, as in Keras."""
 
     def __init__(self, units: int, activation: str | None = None,
-                 input_shape: tuple[int, ...] | None = None, use_bias: bool = True):
+                 input_shape: tuple[int, ...] | None = None, use_bias: bool = True,
+                 kernel_regularizer: Any = None, bias_regularizer: Any = None):
         self.units = checks.integer("units", units, 1)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer, "kernel_regularizer")
+        self.bias_regularizer = regularizers.get(bias_regularizer, "bias_regularizer")
         self.activation = activations.get(activation)
         self.input_shape = check_input_shape(input_shape)
         self.use_bias = checks.boolean("use_bias", use_bias)
 
     def output_shape(self, input_shape: Shape) -> Shape:
         return (*input_shape[:-1], self.units)
+
+    def regularizers(self) -> dict[str, Any]:
+        return penalties(self)
 
     def param_shapes(self, input_shape: Shape) -> dict[str, Shape]:
         shapes = {"kernel": (input_shape[-1], self.units)}
@@ -76,7 +89,7 @@ class Dense(Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"units": self.units, "activation": self.activation.name,
-                "use_bias": bool(self.use_bias),
+                "use_bias": bool(self.use_bias), **penalties_config(self),
                 "input_shape": list(self.input_shape) if self.input_shape else None}
 
     def __repr__(self) -> str:

@@ -344,6 +344,7 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
         dz = losses.fused_softmax_grad(xp, y, h) * scale
         dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
                                              None if out is None else out[-1])
+        _penalize(xp, last, params[-1], grads[-1], scale)
         if ready is not None:
             ready(start)
         start -= 1
@@ -355,13 +356,32 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
         else:
             dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0,
                                               out=out[i])
+        _penalize(xp, layers[i], params[i], grads[i], scale)
         if ready is not None:
             ready(i)
     stats = xp.zeros(1 + len(metrics), dtype=xp.float64)  # filled on the device: no host sync
-    stats[0] = value * local
+    stats[0] = (value + penalty(layers, params)) * local
     for j, metric in enumerate(metrics, start=1):
         stats[j] = metric(xp, y, h)
     return grads, stats
+
+
+def _penalize(xp, layer, params: dict, grads: dict, scale: float) -> None:
+    """Add the layer's weight penalties' gradients (Keras' regularizers) to its gradients, in
+    place, scaled as the data's: each replica's share of the batch, so summed over the
+    replicas (or one parameter-server push) the penalty counts once."""
+    for k, reg in layer.regularizers().items():
+        grads[k] += scale * reg.gradient(xp, params[k])
+
+
+def penalty(layers, params) -> float:
+    """The model's weight penalties at `params` (0 without regularizers): Keras adds them to
+    the logged loss."""
+    total = 0.0
+    for layer, p in zip(layers, params, strict=True):
+        for k, reg in layer.regularizers().items():
+            total = total + reg(p[k])
+    return total
 
 
 def forward_step(layers, weights, x, y, loss, metrics=(), states=None):
@@ -385,4 +405,6 @@ def forward_step(layers, weights, x, y, loss, metrics=(), states=None):
     if len(x) == 0:
         return 0.0, np.zeros(len(metrics))
     value, _ = loss.value_and_grad(xp, y, h)
+    params = [{k: ctx.local_copy(v) for k, v in w.items()} for w in weights]
+    value = value + penalty(layers, params)
     return float(value) * len(x), np.array([float(m(xp, y, h)) for m in metrics])

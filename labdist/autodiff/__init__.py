@@ -1,0 +1,10 @@
+"""Gradients of eager array code: `GradientTape` records, `Recorded` values carry the record.
+
+Arrays only, no strategies: a variable takes part through the `Watchable` seam, so the
+variables module (above this package) hands its reads to `tape.read`.
+"""
+
+from labdist.autodiff.recorded import Recorded, node, unwrap
+from labdist.autodiff.tape import GradientTape, Watchable, read, recording
+
+__all__ = ["GradientTape", "Recorded", "Watchable", "node", "read", "recording", "unwrap"]
