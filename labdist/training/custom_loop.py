@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from labdist import context, shipping
+from labdist.enums import ReduceOp
 from labdist.enums import VariableSynchronization as Sync
 from labdist.replica.replica_context import current
 from labdist.training.trainer import diloco
@@ -99,9 +100,10 @@ def _checked(optimizer, grads_and_vars) -> list[tuple[Any, Any]]:
                             f"{pair!r}") from None
         if not isinstance(v, Variable):
             raise TypeError(f"grads_and_vars[{i}]: {v!r} is not an ld.Variable")
-        if v.synchronization not in (Sync.AUTO, Sync.ON_WRITE):
-            raise ValueError(f"apply_gradients updates mirrored variables (synchronization "
-                             f"AUTO or ON_WRITE); {v.name!r} is {v.synchronization.name}")
+        if v.synchronization is Sync.NONE:
+            raise ValueError(f"apply_gradients updates mirrored (AUTO, ON_WRITE) or ON_READ "
+                             f"variables; {v.name!r} is synchronization NONE: each replica "
+                             "owns it, update it with v.assign_sub")
         if g is None:
             continue
         if tuple(np.shape(g)) != v.shape:
@@ -122,6 +124,21 @@ def _round_state(ctx, optimizer, pairs) -> diloco.RoundState:
             "local SGD is on: call optimizer.build(variables) under strategy.scope() after "
             "setting local_steps, with the variables apply_gradients updates, in that order")
     return diloco.RoundState(ctx, outer, [v.shape for _, v in pairs])
+
+
+def _apply_to_each_copy(ctx, optimizer, grads, params, slots, step, pairs) -> None:
+    """TensorFlow's step on ON_READ variables: the summed gradient applied to each replica's
+    own copy, which may differ from the others' (measured in TF 2.21: copies 1 and 2, gradients
+    10 and 20, SGD(1.0) -> -29 and -28). Never partitioned: a segment updated on one replica
+    and gathered would overwrite the other copies."""
+    if ctx.local_sgd is not None:
+        names = [v.name for _, v in pairs if v.synchronization is Sync.ON_READ]
+        raise ValueError(f"local SGD averages mirrored weights; ON_READ variables {names} "
+                         "cannot take part: apply their gradients outside the local rounds")
+    summed = ctx.reduce_arrays(WHAT, grads, ReduceOp.SUM)
+    for param, grad, slot in zip(params, summed, slots, strict=True):
+        optimizer.apply(ctx.xp, param, grad, slot, step)
+    ctx.communication.synced_steps += 1
 
 
 def apply_gradients(optimizer, grads_and_vars) -> None:
@@ -157,6 +174,9 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
               for s, sv in optimizer.slot_variables.get(v.id, {}).items()} for _, v in pairs]
+    if any(v.synchronization is Sync.ON_READ for _, v in pairs):
+        _apply_to_each_copy(ctx, optimizer, grads, params, slots, step, pairs)
+        return
     if ctx.local_sgd is not None:
         state = _round_state(ctx, optimizer, pairs)
         diloco.local_step(ctx, optimizer, grads, params, slots, step, state)
