@@ -166,3 +166,42 @@ def _short(value: Any) -> str:
         return f"a {type(value).__name__} of {len(value)} item(s)"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def sample_weights(y: np.ndarray, sample_weight: Any, class_weight: Any) -> np.ndarray | None:
+    """Keras' `fit(..., sample_weight=, class_weight=)` as one weight per sample (float64), or
+    None for neither. A class weight is looked up by the sample's class id (its argmax for
+    one-hot targets); a class the dict leaves out weighs 1."""
+    if sample_weight is not None and class_weight is not None:
+        raise ValueError("You cannot use class_weight and sample_weight at the same time: "
+                         "fold the class weights into sample_weight")
+    n = len(y)
+    if sample_weight is not None:
+        w = np.asarray(sample_weight)
+        if w.dtype.kind not in "biuf" or w.reshape(-1).shape != (n,) or w.ndim > 2:
+            raise ValueError(f"sample_weight of shape {w.shape} (dtype {w.dtype}) is not "
+                             f"allowed; use one number per sample: shape ({n},)")
+        w = w.reshape(-1).astype(np.float64)
+        if not np.isfinite(w).all():
+            raise ValueError("sample_weight holds nan or inf; use finite numbers")
+        return w
+    if class_weight is None:
+        return None
+    if not isinstance(class_weight, dict) or not all(
+            isinstance(k, int | np.integer) and not isinstance(k, bool) and k >= 0
+            and checks.is_number(v) and np.isfinite(v) for k, v in class_weight.items()):
+        checks.refuse("class_weight", class_weight,
+                      "a dict {class id (int >= 0): weight (a finite number)}", TypeError)
+    ids = y.reshape(-1) if y.ndim == 1 or y.shape[1:] == (1,) else y.argmax(axis=-1)
+    ids = ids.astype(np.int64)
+    table = np.ones(max(int(ids.max()) + 1, max(class_weight) + 1), np.float64)
+    for k, v in class_weight.items():
+        table[int(k)] = float(v)
+    return table[ids]
+
+
+def with_weights(y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`y` with each sample's weight as one more column (float64, exact for class ids): the
+    weights travel with the targets through every path the targets take, and the step splits
+    them off again (trainer/steps.py `split_weights`)."""
+    return np.concatenate([y.reshape(len(y), -1).astype(np.float64), weights[:, None]], axis=1)

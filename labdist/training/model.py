@@ -204,10 +204,14 @@ class Sequential:
     # -- training -----------------------------------------------------------------------------
     def fit(self, x, y=None, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
             callbacks: Sequence[Any] | None = (), validation_data: Any = None,
-            shuffle: bool = True, initial_epoch: int = 0) -> History:
+            shuffle: bool = True, initial_epoch: int = 0, sample_weight: Any = None,
+            class_weight: dict | None = None) -> History:
         """Keras' fit, on arrays (x, y) or on an `ld.data.Dataset` of (x, y) batches: its
         batches are taken from one pass (their size is the global batch size), and a
-        pipeline with a shuffle step is reshuffled every epoch (a full shuffle)."""
+        pipeline with a shuffle step is reshuffled every epoch (a full shuffle).
+        `sample_weight` / `class_weight` weigh each sample's loss as Keras 3 does (the sum of
+        weighted losses over the batch size); compiled metrics stay unweighted, as Keras'
+        `metrics=` are."""
         # everything checked before anything changes (fit_checks.py)
         self._check_compiled()
         if isinstance(x, Dataset):
@@ -218,6 +222,7 @@ class Sequential:
                                                       "validation_data")[:2]
         x, y = fit_checks.arrays(x, y)
         fit_checks.check_data(self, x, y)
+        weights = fit_checks.sample_weights(y, sample_weight, class_weight)
         fit_checks.fit_arguments(self, epochs, shuffle, initial_epoch)
         callbacks = fit_checks.callbacks(callbacks)
         validation_data = fit_checks.validation(self, validation_data)
@@ -238,11 +243,14 @@ class Sequential:
         try:
             # the driver's part of every step, fit's bookkeeping and callbacks included, is
             # recorded as `driver` spans between the requests it sends (labdist/timing/phases.py)
-            with phases.driving(), placed_arrays(self._strategy, x, y) as data:
+            # weights ride with the targets, one more column (fit_checks.with_weights)
+            targets = None if weights is None else (y.shape[1:], y.dtype)
+            carried = y if weights is None else fit_checks.with_weights(y, weights)
+            with phases.driving(), placed_arrays(self._strategy, x, carried) as data:
                 batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
                 with FitLoop(self, self._strategy, callbacks, data, batches) as loop:
                     history = self._epochs(start, epochs, loop, y, batch_size, verbose,
-                                           callbacks, validation_data, history)
+                                           callbacks, validation_data, history, targets)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
                 slots = [d for layer in self._slots for d in layer.values()]
                 self._strategy.run(diloco.finish_round,
@@ -271,7 +279,7 @@ class Sequential:
                 counter.assign(np.asarray(self._iterations, np.int64))
 
     def _epochs(self, start, epochs, loop, y, batch_size, verbose, callbacks,
-                validation_data, history) -> History:
+                validation_data, history, targets=None) -> History:
         """Each epoch: its groups of steps (fit_loop.py decides who loops over them), then
         validation, the epoch's callbacks and History."""
         logs: dict[str, float] = {}
@@ -279,7 +287,7 @@ class Sequential:
             for cb in callbacks:
                 _call(cb, "on_epoch_begin", epoch)
             bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(loop.batches), verbose)
-            totals = loop.epoch(self._train_step(y), bar)
+            totals = loop.epoch(self._train_step(y, targets), bar)
             loss_sum, sums, seen = totals.loss, totals.sums, totals.seen
             logs = self._running_logs(loss_sum, sums, seen)
             self._leave_in_metric_objects(sums, seen)
@@ -314,11 +322,13 @@ class Sequential:
     def _resolved_metrics(self, y: np.ndarray) -> tuple:
         return metric_lib.resolve(self._metrics, y.shape, self._output_shape[-1])
 
-    def _train_step(self, y: np.ndarray) -> TrainStep:
-        """What the strategy runs for each step of `fit` (the strategy <-> training seam)."""
+    def _train_step(self, y: np.ndarray, targets: tuple | None = None) -> TrainStep:
+        """What the strategy runs for each step of `fit` (the strategy <-> training seam);
+        `targets`: the targets' sample shape and dtype where they carry sample weights."""
         self._ensure_outer()  # local SGD may have been turned on since fit began (a callback)
         return TrainStep(self.layers, self._weights, self._slots, self._loss, self._optimizer,
-                         self.seed, self._resolved_metrics(y), self._outer, self._states)
+                         self.seed, self._resolved_metrics(y), self._outer, self._states,
+                         targets)
 
     # -- inference ----------------------------------------------------------------------------
     def evaluate(self, x, y=None, batch_size: int = 32, verbose: Any = "auto",

@@ -46,7 +46,7 @@ class TrainStep:
 
     def __init__(self, layers: list, weights: list[dict], slots: list[dict], loss, optimizer,
                  seed: int, metrics: tuple = (), outer: diloco.OuterVariables | None = None,
-                 states: list[dict] | None = None):
+                 states: list[dict] | None = None, targets: tuple | None = None):
         self.layers = layers
         self.weights = weights  # per layer: {name: Variable}
         # per layer: {name: Variable}, non-trainable and ON_WRITE / NONE (batch norm's moving
@@ -58,6 +58,9 @@ class TrainStep:
         self.seed = seed
         self.metrics = tuple(metrics)  # training.metrics.Formula: only the compiled ones
         self.outer = outer  # local SGD / DiLoCo's variables, if the model has made them
+        # (sample shape, dtype) of the targets where each target row carries its sample's
+        # weight as a last column (fit's sample_weight / class_weight), else None
+        self.targets = targets
 
     def variables(self) -> list:
         """The weight variables, in layer order."""
@@ -85,8 +88,9 @@ class TrainStep:
         (and `ready.abandon()`, where it has one, if the backward pass raises); `states`:
         this replica's copies of the layers' state, updated in place."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
+        y, weight = split_weights(y, self.targets)
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics, out, ready, states)
+                         self.metrics, out, ready, states, weight)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -284,8 +288,17 @@ def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
     return views
 
 
+def split_weights(y, targets: tuple | None):
+    """(targets, per-sample weights or None) of a target array that may carry the weights
+    as its last column (fit_checks.with_weights)."""
+    if targets is None:
+        return y, None
+    shape, dtype = targets
+    return y[:, :-1].reshape(len(y), *shape).astype(dtype), y[:, -1]
+
+
 def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
-              ready=None, states=None):
+              ready=None, states=None, weight=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
     metric's sum over the shard]; with `out` (per layer: {name: array}), written there;
     `states` (per layer: {name: array}): the layers' state, updated in place."""
@@ -300,7 +313,7 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
     try:
         return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready,
-                         states)
+                         states, weight)
     except BaseException:  # a bucket already handed to the helper thread: let it finish
         abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
         if abandon is not None:
@@ -323,7 +336,8 @@ def _join_without_data(xp, layers, sample_shape, states) -> None:
         layers[i].join_without_data(xp, shapes[i], backward=True)
 
 
-def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready, states):
+def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready, states,
+              weight=None):
     """`gradients` of a shard that is not empty."""
     caches, h = [], x
     states = states if states is not None else [None] * len(layers)
@@ -334,6 +348,10 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
             h, cache = layer.forward(xp, p, h, training=True, rng=rng)
         caches.append(cache)
     value, dh = loss.value_and_grad(xp, y, h)
+    if weight is not None:  # Keras 3: sum(w * loss) / samples, each row's gradient times w
+        weight = weight.astype(h.dtype, copy=False)
+        value = (loss.per_sample(xp, y, h) * weight).sum() / len(h)
+        dh = dh * weight.reshape(len(h), *([1] * (h.ndim - 1)))
     last = layers[-1]
     fused = (loss.name == "sparse_categorical_crossentropy" and not loss.from_logits
              and isinstance(last, Dense) and last.activation.name == "softmax")
@@ -342,6 +360,8 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     scale = local / total
     if fused:  # softmax + cross-entropy: d loss / d logits = p - onehot, stable and cheap
         dz = losses.fused_softmax_grad(xp, y, h) * scale
+        if weight is not None:
+            dz *= weight.reshape(-1, 1)
         dh, grads[-1] = last.backward_linear(xp, params[-1], caches[-1][0], dz, start > 0,
                                              None if out is None else out[-1])
         _penalize(xp, last, params[-1], grads[-1], scale)
