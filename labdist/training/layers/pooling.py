@@ -43,21 +43,26 @@ class MaxPooling2D(_Pooling2D):
 
     def forward(self, xp, params, x, training: bool = False, rng: Any = None,
                 state: dict | None = None):
+        """A running maximum over the window's positions, each a strided view of the input:
+        no gathered copy of the windows; `winner` keeps the first position that won."""
         g = self._geometry(x.shape[1:])
-        cols = windows.gather(xp, x, g, fill=-xp.inf)
-        n, oh, ow, kh, kw, c = cols.shape
-        flat = cols.reshape(n, oh, ow, kh * kw, c)
-        return flat.max(axis=3), (flat.argmax(axis=3), x.shape, g)
+        best, winner = None, None
+        for k, view in enumerate(windows.positions(windows.padded(xp, x, g, -xp.inf), g)):
+            if best is None:
+                best, winner = view.copy(), xp.zeros(view.shape, dtype=xp.int32)
+                continue
+            better = view > best  # strictly: a tie keeps the earlier position (row-major)
+            winner[better] = k
+            xp.maximum(best, view, out=best)
+        return best, (winner, x.shape, g)
 
     def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
         if not input_grad:
             return None, {}
         winner, shape, g = cache
-        area = g.size[0] * g.size[1]
-        hit = xp.arange(area).reshape(1, 1, 1, area, 1) == winner[:, :, :, None, :]
-        dcols = (hit * dy[:, :, :, None, :]).astype(dy.dtype)
-        n, oh, ow = dy.shape[:3]
-        return windows.scatter(xp, dcols.reshape(n, oh, ow, *g.size, shape[3]), g, shape), {}
+        return windows.scatter_positions(
+            xp, ((dy * (winner == k)) for k in range(g.size[0] * g.size[1])), g, shape,
+            dy.dtype), {}
 
 
 class AveragePooling2D(_Pooling2D):

@@ -89,12 +89,28 @@ def gather(xp, x, g: Geometry, fill: float = 0.0):
 def scatter(xp, windows, g: Geometry, shape: tuple[int, ...]):
     """The adjoint of `gather`: each window entry's gradient added back to the input position
     it came from (overlapping windows add up), padding dropped; `shape` is the input's."""
-    n, h, w, c = shape
+    kh, kw = g.size
+    parts = (windows[:, :, :, i, j, :] for i in range(kh) for j in range(kw))
+    return scatter_positions(xp, parts, g, shape, windows.dtype)
+
+
+def positions(xp_padded, g: Geometry):
+    """For each position (i, j) of the window, row-major: the strided view of the padded input
+    that position sees in every window, (batch, out_rows, out_cols, channels)."""
     (kh, kw), (sh, sw), (oh, ow) = g.size, g.strides, g.out
-    full = xp.zeros((n, h + g.pad_before[0] + g.pad_after[0],
-                     w + g.pad_before[1] + g.pad_after[1], c), dtype=windows.dtype)
     for i in range(kh):
         for j in range(kw):
-            full[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-                windows[:, :, :, i, j, :]
+            yield xp_padded[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+
+
+def scatter_positions(xp, parts, g: Geometry, shape: tuple[int, ...], dtype):
+    """The adjoint of `positions`: each position's (batch, out_rows, out_cols, channels)
+    gradient added back where it came from, padding dropped; `shape` is the input's."""
+    n, h, w, c = shape
+    kw, (sh, sw), (oh, ow) = g.size[1], g.strides, g.out
+    full = xp.zeros((n, h + g.pad_before[0] + g.pad_after[0],
+                     w + g.pad_before[1] + g.pad_after[1], c), dtype=dtype)
+    for k, part in enumerate(parts):
+        i, j = divmod(k, kw)
+        full[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += part
     return full[:, g.pad_before[0]:g.pad_before[0] + h, g.pad_before[1]:g.pad_before[1] + w]
