@@ -17,11 +17,11 @@ from labdist.cluster import capacity, main_module, reaper, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
+from labdist.replica import memory
 from labdist.shm import doorbell
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
-MALLOC_TRIM = 1 << 30  # bytes free at the top of a heap before glibc hands them back
-MALLOC_MMAP = 32 << 20  # arrays from this size get a mapping of their own (glibc's maximum)
+MALLOC_TRIM, MALLOC_MMAP = memory.TRIM, memory.MMAP  # (replica/memory.py says why)
 
 
 def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | None = None):

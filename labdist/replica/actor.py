@@ -25,6 +25,7 @@ from labdist.devices import Backend, get_backend
 from labdist.errors import ReplicaLostError
 from labdist.quorum.replica_side import QuorumSide
 from labdist.quorum.undo import UndoLog
+from labdist.replica import memory
 from labdist.replica.communication_state import Communication
 from labdist.replica.inbox import LANE, StepInbox, merge_by_lane, serve_lane
 from labdist.replica.lane_end import LaneEnd
@@ -257,6 +258,7 @@ class Replica:
         from labdist.collectives.transports.protocol import Endpoint
 
         worker = get_worker()
+        memory.keep_step_memory()  # also where the worker was started by someone else
         self.group = group
         self.address = worker.address
         self.where = f"replica {rank} (worker {worker.address})"  # for errors
