@@ -43,26 +43,34 @@ class MaxPooling2D(_Pooling2D):
 
     def forward(self, xp, params, x, training: bool = False, rng: Any = None,
                 state: dict | None = None):
-        """A running maximum over the window's positions, each a strided view of the input:
-        no gathered copy of the windows; `winner` keeps the first position that won."""
+        """A running maximum over the window's positions, each a strided view of the padded
+        input: no gathered copy of the windows, no argmax (`backward` finds the winners)."""
         g = self._geometry(x.shape[1:])
-        best, winner = None, None
-        for k, view in enumerate(windows.positions(windows.padded(xp, x, g, -xp.inf), g)):
-            if best is None:
-                best, winner = view.copy(), xp.zeros(view.shape, dtype=xp.int32)
-                continue
-            better = view > best  # strictly: a tie keeps the earlier position (row-major)
-            winner[better] = k
-            xp.maximum(best, view, out=best)
-        return best, (winner, x.shape, g)
+        padded = windows.padded(xp, x, g, -xp.inf)
+        (rows, cols), *rest = windows.offsets(g)
+        best = padded[:, rows, cols].copy()
+        for rows, cols in rest:
+            xp.maximum(best, padded[:, rows, cols], out=best)
+        return best, (padded, best, x.shape, g)
 
     def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
+        """Each window's gradient to the first position (row-major) holding its maximum, as
+        TensorFlow breaks ties; windows that do not overlap are written, not added."""
         if not input_grad:
             return None, {}
-        winner, shape, g = cache
-        return windows.scatter_positions(
-            xp, ((dy * (winner == k)) for k in range(g.size[0] * g.size[1])), g, shape,
-            dy.dtype), {}
+        padded, best, shape, g = cache
+        full = windows.zeros_padded(xp, g, shape, dy.dtype)
+        taken = xp.zeros(best.shape, dtype=bool)
+        overlap = g.strides[0] < g.size[0] or g.strides[1] < g.size[1]
+        for rows, cols in windows.offsets(g):
+            hit = padded[:, rows, cols] == best
+            hit &= ~taken
+            taken |= hit
+            if overlap:
+                full[:, rows, cols] += dy * hit
+            else:
+                xp.multiply(dy, hit, out=full[:, rows, cols])
+        return windows.unpadded(full, g, shape), {}
 
 
 class AveragePooling2D(_Pooling2D):

@@ -74,43 +74,43 @@ def padded(xp, x, g: Geometry, fill: float = 0.0):
     return out
 
 
+def offsets(g: Geometry):
+    """For each position (i, j) of the window, row-major: the (rows, cols) slices of the
+    padded input that position sees, one entry per window."""
+    (kh, kw), (sh, sw), (oh, ow) = g.size, g.strides, g.out
+    return [(slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
+            for i in range(kh) for j in range(kw)]
+
+
 def gather(xp, x, g: Geometry, fill: float = 0.0):
     """(batch, out_rows, out_cols, kernel_rows, kernel_cols, channels): every window of `x`,
     padded with `fill` (zeros for convolution, -inf for max pooling)."""
     xp_ = padded(xp, x, g, fill)
-    (kh, kw), (sh, sw), (oh, ow) = g.size, g.strides, g.out
+    (kh, kw), (oh, ow) = g.size, g.out
     out = xp.empty((len(x), oh, ow, kh, kw, x.shape[3]), dtype=x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, :, i, j, :] = xp_[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+    for k, (rows, cols) in enumerate(offsets(g)):
+        out[:, :, :, k // kw, k % kw, :] = xp_[:, rows, cols]
     return out
 
 
 def scatter(xp, windows, g: Geometry, shape: tuple[int, ...]):
     """The adjoint of `gather`: each window entry's gradient added back to the input position
     it came from (overlapping windows add up), padding dropped; `shape` is the input's."""
-    kh, kw = g.size
-    parts = (windows[:, :, :, i, j, :] for i in range(kh) for j in range(kw))
-    return scatter_positions(xp, parts, g, shape, windows.dtype)
+    kw = g.size[1]
+    full = zeros_padded(xp, g, shape, windows.dtype)
+    for k, (rows, cols) in enumerate(offsets(g)):
+        full[:, rows, cols] += windows[:, :, :, k // kw, k % kw, :]
+    return unpadded(full, g, shape)
 
 
-def positions(xp_padded, g: Geometry):
-    """For each position (i, j) of the window, row-major: the strided view of the padded input
-    that position sees in every window, (batch, out_rows, out_cols, channels)."""
-    (kh, kw), (sh, sw), (oh, ow) = g.size, g.strides, g.out
-    for i in range(kh):
-        for j in range(kw):
-            yield xp_padded[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
-
-
-def scatter_positions(xp, parts, g: Geometry, shape: tuple[int, ...], dtype):
-    """The adjoint of `positions`: each position's (batch, out_rows, out_cols, channels)
-    gradient added back where it came from, padding dropped; `shape` is the input's."""
+def zeros_padded(xp, g: Geometry, shape: tuple[int, ...], dtype):
+    """Zeros shaped as the padded input (what `scatter` adds gradients into)."""
     n, h, w, c = shape
-    kw, (sh, sw), (oh, ow) = g.size[1], g.strides, g.out
-    full = xp.zeros((n, h + g.pad_before[0] + g.pad_after[0],
+    return xp.zeros((n, h + g.pad_before[0] + g.pad_after[0],
                      w + g.pad_before[1] + g.pad_after[1], c), dtype=dtype)
-    for k, part in enumerate(parts):
-        i, j = divmod(k, kw)
-        full[:, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += part
+
+
+def unpadded(full, g: Geometry, shape: tuple[int, ...]):
+    """The input's part of a padded array."""
+    h, w = shape[1], shape[2]
     return full[:, g.pad_before[0]:g.pad_before[0] + h, g.pad_before[1]:g.pad_before[1] + w]
