@@ -83,7 +83,7 @@ def test_bad_devices_are_refused_before_a_cluster_starts(kwargs, match):
 def test_an_input_first_sets_the_shape_and_a_bad_one_is_named():
     model = ld.Sequential([ld.Input((8, 8, 1)), ld.layers.Conv2D(2, 3), ld.layers.Flatten()])
     assert model.input_shape == (None, 8, 8, 1) and model.output_shape == (None, 72)
-    with pytest.raises(ValueError, match=r"input_shape=\(0,\) is not allowed"):
+    with pytest.raises(ValueError, match=r"^shape=\(0,\) is not allowed"):  # the name given
         ld.Input((0,))
 
 

@@ -106,15 +106,16 @@ class Layer(ABC):
                           "the shape it takes")
 
 
-def check_input_shape(value: Any, ndim: int | None = None, example: str = "(64,)"
-                      ) -> Shape | None:
-    """`input_shape=`: None, or a tuple of positive integers (of `ndim` entries if given)."""
+def check_input_shape(value: Any, ndim: int | None = None, example: str = "(64,)",
+                      name: str = "input_shape") -> Shape | None:
+    """`input_shape=` (or `name`=): None, or a tuple of positive integers (of `ndim` entries
+    if given)."""
     if value is None:
         return None
     if (not isinstance(value, tuple) or not value or (ndim is not None and len(value) != ndim)
             or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)):
         what = f"a {ndim}-tuple" if ndim is not None else "a tuple"
-        checks.refuse("input_shape", value, f"{what} of positive integers, like {example}")
+        checks.refuse(name, value, f"{what} of positive integers, like {example}")
     return value
 
 

@@ -157,7 +157,8 @@ class Input:
     def __init__(self, shape: tuple[int, ...] | int, batch_size: int | None = None,
                  dtype: Any = None, name: str | None = None):
         shape = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else shape
-        self.shape = check_input_shape(tuple(shape) if isinstance(shape, list) else shape)
+        self.shape = check_input_shape(tuple(shape) if isinstance(shape, list) else shape,
+                                       example="(784,)", name="shape")
         if self.shape is None:
             checks.refuse("shape", shape, "a tuple of positive integers, like (784,)")
         self.batch_size = checks.integer("batch_size", batch_size, 1, optional=True)
