@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from labdist.training import object_checkpoint
 from labdist.training.checkpoint_files import (
     INDEX,
     CheckpointError,
@@ -22,23 +24,37 @@ from labdist.training.checkpoint_files import (
 from labdist.training.restore import CASTING, assign_all, check_arrays, check_meta
 from labdist.training.trainer import replica_slots
 
-__all__ = ["CASTING", "FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write"]
+__all__ = ["CASTING", "FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write",
+           "latest_checkpoint"]
 
 FORMAT = 1
 META = ("meta/format", "meta/iterations")  # required, integer scalars
 
 
 class Checkpoint:
-    """`Checkpoint(model=model).save(directory)` / `.restore(directory)`."""
+    """`ld.train.Checkpoint(model=model, optimizer=optimizer, step=variable)`: TensorFlow's
+    checkpoint of any labdist models, optimizers and variables (object_checkpoint.py).
+    `save(prefix)` writes `prefix-1.npz`, `prefix-2.npz`, ... and points the folder's index
+    at the newest (`ld.train.latest_checkpoint(folder)`); `write(path)` writes exactly
+    `path`; `restore(path)` reads any of them, or a folder's newest. A compiled model alone
+    (with its own optimizer) keeps the model's format and folder: `save(folder)` writes its
+    weights, `fit`'s optimizer state and step count as `folder/ckpt-<step>.npz`."""
 
-    def __init__(self, model, optimizer=None):
+    def __init__(self, root: Any = None, **objects: Any):
+        if root is not None:
+            objects = {"root": root, **objects}
+        object_checkpoint.check_objects(objects)
+        self._objects = objects
+        self.model = objects.get("model")
+        self.save_counter = 0  # saves by this checkpoint (TF's save_counter), restored too
+
+    def _of_a_model(self) -> bool:
+        """Whether this is a compiled model's own checkpoint (the model's format)."""
         from labdist.training.model import Sequential
 
-        if not isinstance(model, Sequential):
-            raise TypeError(f"model={model!r} is not a labdist model (ld.models.Sequential)")
-        if optimizer is not None and optimizer is not model._optimizer:
-            raise ValueError("optimizer= must be the optimizer the model was compiled with")
-        self.model = model
+        model, optimizer = self._objects.get("model"), self._objects.get("optimizer")
+        return (set(self._objects) <= {"model", "optimizer"} and isinstance(model, Sequential)
+                and model._compiled and (optimizer is None or optimizer is model._optimizer))
 
     def _variables(self) -> dict[str, object]:
         """Every variable a checkpoint holds, by its key in the `.npz`."""
@@ -64,6 +80,8 @@ class Checkpoint:
                 for k, v in variables.items()}
 
     def _arrays(self) -> dict[str, np.ndarray]:
+        if not self._of_a_model():
+            return object_checkpoint.arrays(self._objects, self.save_counter)
         variables = self._variables()
         arrays = self._read(variables)
         arrays.update(replica_slots.read(self.model, variables))
@@ -71,17 +89,38 @@ class Checkpoint:
         arrays["meta/format"] = np.asarray(FORMAT, dtype=np.int64)
         return arrays
 
-    def save(self, directory: str | os.PathLike) -> str:
-        """Write `ckpt-<step>.npz` in `directory` and point the index (`checkpoint`) at it;
-        returns its path. Touches no other file of the directory."""
-        directory = Path(directory)
-        name = f"ckpt-{self.model._iterations}.npz"
-        arrays = self._arrays()
-        with writing(f"Checkpoint.save({str(directory)!r})", directory):
-            directory.mkdir(parents=True, exist_ok=True)
-            atomic_write_all([(directory / name, lambda f: np.savez(f, **arrays)),
-                              (directory / INDEX, lambda f: f.write(name.encode()))])
+    def save(self, file_prefix: str | os.PathLike) -> str:
+        """A compiled model's own checkpoint: `file_prefix` is a folder (made if missing);
+        write `ckpt-<the model's step count>.npz` in it and point its index (`checkpoint`) at
+        it. Other checkpoints: an existing folder gets `ckpt-<save count>.npz`; anything else
+        is a prefix, as TensorFlow's: write `<prefix>-<save count>.npz` and point the index of
+        its folder at it. Returns the path written; touches no other file."""
+        path = Path(file_prefix)
+        self.save_counter += 1
+        if self._of_a_model():  # the model's own: always a folder (made if need be)
+            directory, name = path, f"ckpt-{self.model._iterations}.npz"
+        elif path.is_dir():
+            directory, name = path, f"ckpt-{self.save_counter}.npz"
+        else:
+            directory, name = path.parent, f"{path.name}-{self.save_counter}.npz"
+        try:
+            arrays = self._arrays()
+            with writing(f"Checkpoint.save({str(path)!r})", directory):
+                directory.mkdir(parents=True, exist_ok=True)
+                atomic_write_all([(directory / name, lambda f: np.savez(f, **arrays)),
+                                  (directory / INDEX, lambda f: f.write(name.encode()))])
+        except BaseException:
+            self.save_counter -= 1
+            raise
         return str(directory / name)
+
+    def write(self, file_path: str | os.PathLike) -> str:
+        """Write exactly `file_path` (no index, no numbering), as TensorFlow's `write`."""
+        path = Path(file_path)
+        arrays = self._arrays()
+        with writing(f"Checkpoint.write({str(path)!r})", path.parent):
+            atomic_write(path, lambda f: np.savez(f, **arrays))
+        return str(path)
 
     def restore(self, path: str | os.PathLike) -> None:
         """Load a checkpoint file, or the one a directory's index names, into the model.
@@ -101,6 +140,9 @@ class Checkpoint:
             path = read_index(path)
         elif not path.is_file():
             raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file")
+        if not self._of_a_model():
+            self.save_counter = object_checkpoint.restore(self._objects, path)
+            return
         variables = self._variables()
         headers = read_headers(path)
         check_meta(path, headers, META)
@@ -122,3 +164,12 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {str(path)!r}: meta/iterations is {iterations}; "
                                   "it must be >= 0")
         return iterations
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:
+    """The checkpoint the folder's index names (the newest `save` wrote there), or None where
+    there is none, as TensorFlow's `tf.train.latest_checkpoint`."""
+    directory = Path(checkpoint_dir)
+    if not (directory / INDEX).exists():
+        return None
+    return str(read_index(directory))

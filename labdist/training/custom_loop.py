@@ -61,6 +61,7 @@ def build(optimizer, variables) -> None:
             optimizer.slot_variables[v.id] = {
                 s: Variable(a, synchronization="NONE", trainable=False, name=f"{v.name}/{s}")
                 for s, a in optimizer.slots(np.zeros(v.shape, v.dtype)).items()}
+    optimizer.restore_deferred()  # a checkpoint restored before the optimizer was built
 
 
 def build_from_replica(ctx, optimizer, variables: list) -> None:

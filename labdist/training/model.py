@@ -18,7 +18,14 @@ from labdist.data.dataset import Dataset
 from labdist.data.distributed import Batches, shard
 from labdist.data.placed_input import placed_arrays
 from labdist.timing import phases
-from labdist.training import fit_checks, losses, model_call, optimizers, saving
+from labdist.training import (
+    fit_checks,
+    losses,
+    model_call,
+    object_checkpoint,
+    optimizers,
+    saving,
+)
 from labdist.training import layers as layers_mod
 from labdist.training import metrics as metric_lib
 from labdist.training.progress import ProgressBar, check_verbose
@@ -73,6 +80,7 @@ class Sequential:
         self._iterations = 0
         self.stop_training = False  # a callback sets it to end `fit` after this epoch (Keras)
         shipping.remember(self)  # a first call inside strategy.run builds this one
+        self._deferred: tuple[dict, str] | None = None  # a restore waiting for the build
         if given_shape is None and self.layers:
             given_shape = self.layers[0].input_shape
         if given_shape is not None:
@@ -119,6 +127,16 @@ class Sequential:
                                for k, v in layer.build_state(into).items()})
         self._weights, self._states = weights, states
         self._input_shape, self._output_shape = shape, outputs[-1] if outputs else shape
+        if self._deferred is not None:  # a checkpoint restored before the model was built
+            values, where = self._deferred
+            self._deferred = None
+            object_checkpoint.assign_deferred(values, {v.name: v for v in self.weights},
+                                              where)
+
+    def defer_restore(self, values: dict, where: str) -> None:
+        """A checkpoint's weights for a model not built yet (TF's deferred restoration):
+        assigned when `build` makes the weights, keyed by weight name."""
+        self._deferred = (dict(values), where)
 
     def build_record(self) -> tuple:
         """What a replica's copy needs to take over this model's build (`adopt_build`)."""

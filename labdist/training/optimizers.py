@@ -42,12 +42,14 @@ class Optimizer(ABC):
         self.iterations: Any = None  # an ld.Variable counting apply_gradients calls, once built
         self.outer: Any = None  # local SGD / DiLoCo's state (trainer/diloco.py), once built
         shipping.remember(self)  # a replica's lazy build (apply_gradients) builds this one
+        self._deferred: tuple[dict, str] | None = None  # a restore waiting for the build
 
     def hyperparameters(self) -> dict[str, Any]:
         """The numbers that decide an update (learning rate, momentum, ...), without the state
         `build` made: what tells one configuration of an optimizer from another."""
         return {k: v for k, v in vars(self).items()
-                if k not in ("slot_variables", "iterations", "outer", shipping.TOKEN)}
+                if k not in ("slot_variables", "iterations", "outer", "_deferred",
+                             shipping.TOKEN)}
 
     @abstractmethod
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
@@ -68,6 +70,33 @@ class Optimizer(ABC):
         """Under `strategy.scope()`: make the state (slot variables, step count) that
         `apply_gradients` keeps for `variables`; needed by every optimizer but plain SGD."""
         custom_loop.build(self, variables)
+
+    @property
+    def variables(self) -> list:
+        """Keras 3's `optimizer.variables`: the step count, then each slot variable, in the
+        order they were made (empty before the optimizer is built)."""
+        head = [] if self.iterations is None else [self.iterations]
+        return head + [v for slots in self.slot_variables.values() for v in slots.values()]
+
+    def defer_restore(self, values: dict, where: str) -> None:
+        """A checkpoint's values for state not made yet (TF's deferred restoration): assigned
+        by the build that makes it, keyed by slot variable name and "iterations"."""
+        self._deferred = (dict(values), where)
+
+    def restore_deferred(self) -> None:
+        """After a build: the values a restore left for it, if any, checked and assigned."""
+        if self._deferred is None:
+            return
+        from labdist.training import object_checkpoint
+
+        values, where = self._deferred
+        found = {v.name: v for slots in self.slot_variables.values() for v in slots.values()}
+        if self.iterations is not None:
+            found["iterations"] = self.iterations
+        if not set(values) <= set(found):  # made for other variables: keep waiting
+            return
+        self._deferred = None
+        object_checkpoint.assign_deferred(values, found, where)
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
         """Inside `strategy.run`: sum each gradient over the replicas (one all-reduce, as
