@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labdist.replica import replica_context
+from labdist.replica.captured_strategy import scope_in_a_step_error
 from labdist.replica.replica_context import ReplicaContext
 
 # A strategies.base.Strategy. Named, not imported: the strategies import this module, and
@@ -44,11 +45,15 @@ def _stack() -> list:
 
 
 def enter_scope(strategy: Strategy) -> None:
+    """TF's rules: no strategy's scope inside a step (its calls need cross-replica context),
+    and one strategy at a time on the driver."""
+    if replica_context.current() is not None:
+        raise scope_in_a_step_error()
     stack = _stack()
     if stack and stack[-1] is not strategy:
-        raise ValueError(
-            f"cannot enter the scope of {strategy!r} inside the scope of {stack[-1]!r}; "
-            "leave the other scope first (one strategy at a time, as in tf.distribute)"
+        raise RuntimeError(
+            f"Mixing different tf.distribute.Strategy objects: {strategy!r} is not "
+            f"{stack[-1]!r}; leave the other strategy's scope first (one strategy at a time)"
         )
     stack.append(strategy)
 
@@ -85,12 +90,12 @@ def scoped_strategy() -> Strategy | None:
 
 
 def get_strategy() -> Strategy:
-    """The strategy in scope on the driver, else the default (single-replica) strategy."""
-    if replica_context.current() is not None:
-        raise RuntimeError(
-            "get_strategy() is not available inside a step function on a worker: use "
-            "get_replica_context().num_replicas_in_sync, or pass what you need as arguments"
-        )
+    """The strategy in scope on the driver, else the default (single-replica) strategy;
+    inside a step (or an `extended.update` function), the running strategy as a step sees it
+    (`num_replicas_in_sync`; its cross-replica calls refused with TF's error)."""
+    ctx = replica_context.current()
+    if ctx is not None:
+        return ctx.strategy
     return scoped_strategy() or default_strategy()
 
 
@@ -100,7 +105,12 @@ def has_strategy() -> bool:
 
 
 def in_cross_replica_context() -> bool:
-    return replica_context.current() is None and scoped_strategy() is not None
+    """True on the driver inside a scope, and inside an `extended.update` function (TF's
+    update context is a cross-replica one)."""
+    ctx = replica_context.current()
+    if ctx is not None:
+        return ctx.mode == "update"
+    return scoped_strategy() is not None
 
 
 def get_replica_context() -> ReplicaContext | None:

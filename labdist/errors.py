@@ -62,3 +62,9 @@ class OutOfRangeError(LabdistError, IndexError):
 class QuorumLostError(ReplicaLostError):
     """Quorum training lost so many replicas that fewer than `min_replicas` are left; the
     survivors' copies are consistent (the unfinished step undone on all of them)."""
+
+
+class UnreadableAnswerError(LabdistError, TypeError):
+    """A replica's answer arrived whole but cannot be unpickled on the driver (a class only
+    the worker can rebuild). The replica may still be waiting in merge_call: the run that
+    got it releases it, so the next run works."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from labdist import interrupts
 from labdist.actor_call import unsendable
-from labdist.cluster.step_channel import ReplicaCalls, StepChannel
+from labdist.cluster.step_channel import ReplicaCalls, StepChannel, unreadable
 from labdist.replica.lane import GOODBYE, READY, dumps, recv_message, send_message
 from labdist.replica.step_event import RunStep, StepEvent, StepRequest
 
@@ -150,9 +150,7 @@ class LaneStepChannel(StepChannel):
         except (OSError, EOFError) as e:
             return StepEvent("error", 0, error=self._replicas.lost_error(r, repr(e)))
         except Exception as e:  # read whole, but not unpicklable here
-            return StepEvent("error", 0, error=TypeError(
-                f"the answer of {self._replicas.where(r)} cannot be unpickled on the driver: "
-                f"{type(e).__name__}: {e}"))
+            return StepEvent("error", 0, error=unreadable(self._replicas.where(r), e))
 
     def _drop(self, pending, rank) -> None:
         with contextlib.suppress(KeyError, ValueError):

@@ -15,7 +15,7 @@ import time
 from typing import Any, Protocol
 
 from labdist import interrupts
-from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError
+from labdist.errors import PeerAbortedError, ReplicaUnresponsiveError, UnreadableAnswerError
 from labdist.replica.step_event import ResumeStep, RunStep, StepEvent, StepRequest
 from labdist.timing import phases
 
@@ -323,9 +323,14 @@ class ActorStepChannel(StepChannel):
                 rank = pending.pop(future)
                 try:
                     answer = future.result()  # the event, pickled by the replica
-                    events[rank] = pickle.loads(answer) if isinstance(answer, bytes) else answer
                 except Exception as e:  # a lost worker, or an error outside the step itself
                     events[rank] = StepEvent("error", 0, error=e)
+                    continue
+                try:
+                    events[rank] = pickle.loads(answer) if isinstance(answer, bytes) else answer
+                except Exception as e:  # read whole, but not unpicklable here
+                    events[rank] = StepEvent("error", 0, error=unreadable(
+                        self._replicas.where(rank), e))
         return bool(pending) and (first or not done)
 
     def _drop(self, pending, rank) -> concurrent.futures.Future | None:
@@ -341,6 +346,12 @@ class ActorStepChannel(StepChannel):
 
     def _collect(self, kept) -> dict[concurrent.futures.Future, int]:
         return {future: r for r, future in kept.items() if future is not None}
+
+
+def unreadable(where: str, error: Exception) -> UnreadableAnswerError:
+    """The error of an answer that arrived whole but does not unpickle here."""
+    return UnreadableAnswerError(f"the answer of {where} cannot be unpickled on the driver: "
+                                 f"{type(error).__name__}: {error}")
 
 
 def _state(event: StepEvent) -> tuple[str, Any]:

@@ -4,7 +4,6 @@ cross-replica calls with TF's error instead of the strategy failing to pickle.""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 _HINTS = {
@@ -24,6 +23,14 @@ def cross_replica_error(method: str) -> RuntimeError:
                         f"driver, or a merge_call function), not inside strategy.run; {hint}")
 
 
+def scope_in_a_step_error() -> RuntimeError:
+    """TF's words for `strategy.scope()` inside `strategy.run`."""
+    return RuntimeError("strategy.scope() inside strategy.run: Method requires being in "
+                        "cross-replica context, use get_replica_context().merge_call() (a step "
+                        "cannot enter any strategy's scope: make variables and models before "
+                        "strategy.run)")
+
+
 class CapturedStrategy:
     """A mirrored strategy as a step function sees it on a replica."""
 
@@ -32,8 +39,10 @@ class CapturedStrategy:
         self.num_replicas_in_sync = num_replicas_in_sync
 
     def scope(self):
-        """Entering the scope of the running strategy inside a step is allowed (as in TF)."""
-        return contextlib.nullcontext(self)
+        """TF 2.21 refuses any strategy's scope inside a step (`RuntimeError`: the running
+        strategy's needs cross-replica context; another's is "Mixing different
+        tf.distribute.Strategy objects")."""
+        raise scope_in_a_step_error()
 
     def __getattr__(self, name: str) -> Any:
         if name in CROSS_REPLICA:

@@ -81,6 +81,14 @@ class ReplicaContext:
         return self._replica.world
 
     @property
+    def strategy(self):
+        """TF's `ctx.strategy`: the running strategy as a step sees it (a stand-in answering
+        `num_replicas_in_sync`; cross-replica calls refused with TF's error)."""
+        from labdist.replica.captured_strategy import CapturedStrategy
+
+        return CapturedStrategy("the running strategy", self.num_replicas_in_sync)
+
+    @property
     def xp(self):
         """The array module of this replica (numpy, cupy, or the strict double)."""
         return self._replica.backend.xp

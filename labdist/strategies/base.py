@@ -46,8 +46,8 @@ if TYPE_CHECKING:  # quorum training builds on this module: it is never imported
 class Strategy:
     """The tf.distribute-shaped API over a replica group."""
 
-    # TF's MirroredStrategy gives a one-component per-replica value with one replica;
-    # OneDeviceStrategy (and the default strategy) the plain value.
+    # With one replica, TF 2.21's strategies (MirroredStrategy on one device included) give
+    # the plain value from run, all_gather and values_from_function, not a PerReplica.
     _wrap_single = False
     # distribute_datasets_from_function: one pipeline per worker, TF's default; True where
     # every replica has a worker of its own (MultiWorkerMirroredStrategy)
@@ -175,7 +175,7 @@ class Strategy:
         element (each replica's component). `steps=k` runs `fn` k times in this one call
         (TF's loop inside a `tf.function`), each step taking the next element of every
         iterator argument, and returns the last step's results. Returns `fn`'s structure
-        with a PerReplica at each leaf (also with one replica, under MirroredStrategy), a
+        with a PerReplica at each leaf (with one replica, the plain value, as TF's), a
         leaf that is None on every replica as None, and a variable as the variable itself.
         """
         self._check_open()

@@ -40,6 +40,36 @@ class StrategyExtended:
             return tuple(results)
         return s._regroup(results, "the update function's results")
 
+    def reduce_to(self, reduce_op: Any, value: Any, destinations: Any, options: Any = None
+                  ) -> Any:
+        """TF's `extended.reduce_to`: `value` (per-replica, or one value) reduced across the
+        replicas, for `destinations` (a variable of this strategy or a device string). labdist
+        returns the reduced host value itself: where TF gives a mirrored value (a variable as
+        destination) its components are all that one value."""
+        self._check_destinations(destinations)
+        return self._strategy.reduce(reduce_op, value, axis=None)
+
+    def batch_reduce_to(self, reduce_op: Any, value_destination_pairs: Any,
+                        options: Any = None) -> list:
+        """`reduce_to` of each (value, destinations) pair, in order (TF's batched form)."""
+        pairs = list(value_destination_pairs)
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise ValueError(f"value_destination_pairs[{i}]={pair!r}: each entry is a "
+                                 "(value, destinations) pair")
+            self._check_destinations(pair[1])
+        return [self._strategy.reduce(reduce_op, v, axis=None) for v, _ in pairs]
+
+    def _check_destinations(self, destinations: Any) -> None:
+        s = self._strategy
+        if isinstance(destinations, Variable):
+            if destinations.strategy_id != s.id:
+                raise ValueError(f"destinations={destinations!r} is a variable of another "
+                                 f"strategy; use one of {s!r}'s, or a device string")
+        elif not isinstance(destinations, str):
+            raise ValueError(f"destinations={destinations!r} is not allowed; use a variable "
+                             "of this strategy or a device string like '/cpu:0'")
+
     # -- variable copies (what `Variable` reads and writes through) ------------------------------
     def create_copies(self, var_id: int, host: np.ndarray) -> None:
         """Give variable `var_id` a copy of `host` on every replica."""

@@ -13,6 +13,7 @@ from labdist.errors import (
     PeerAbortedError,
     ReplicaLostError,
     ReplicaUnresponsiveError,
+    UnreadableAnswerError,
 )
 
 
@@ -49,8 +50,11 @@ def fail(group: Any, run_id: int, events: list, pipelines: bool = False) -> None
 
 
 def abort(group: Any, run_id: int, events: list, error: BaseException) -> None:
-    """Release replicas blocked in merge_call, so the group is usable again."""
-    waiting = [r for r, e in enumerate(events) if e.kind == "merge"]
+    """Release replicas blocked in merge_call, so the group is usable again. A replica whose
+    answer could not be read may be one of them: it is told too (a replica that is not
+    waiting answers with an error, and is left alone)."""
+    waiting = [r for r, e in enumerate(events)
+               if e.kind == "merge" or isinstance(e.error, UnreadableAnswerError)]
     while waiting:
         aborted = [None] * len(events)
         for r in waiting:

@@ -48,7 +48,6 @@ class MirroredStrategy(Strategy):
         `QuorumLostError` names the lost workers.
     """
 
-    _wrap_single = True  # one replica: run gives one-component PerReplica values, as TF's
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  devices: Any = None, device: str = "auto", collective_timeout: float = 30.0,
