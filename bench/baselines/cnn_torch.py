@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 from _common import emit, parse, timed_passes
-from cnn_common import CLASSES, LEARNING_RATE, data
+from cnn_common import CLASSES, data
 from torch_ddp import free_port
+from torch_one import trainer  # the same SGD(0.01) loop over (x, y) batches, cycling
 
 
 def net(torch):
@@ -21,22 +22,6 @@ def net(torch):
     return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(64 * 2 * 2, 64), nn.ReLU(), nn.Linear(64, CLASSES))
-
-
-def trainer(torch, model, x, y, batch: int, steps: int):
-    opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    state = {"step": 0}
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            i = state["step"] % steps
-            state["step"] += 1
-            opt.zero_grad(set_to_none=True)
-            loss_fn(model(x[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
-            opt.step()
-
-    return run
 
 
 def images(torch, x):

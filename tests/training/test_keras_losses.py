@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_strategy
+from gradients import numeric_grad
 
 import labdist as ld
 from labdist.training import losses, metrics
@@ -77,16 +78,6 @@ CASES = {
     "scce 2-D (n, 1)": ("sparse_categorical_crossentropy", rng.integers(0, 3, (8, 1)),
                         probabilities(8, 3)),
 }
-
-
-def numeric_grad(f, p, h=1e-6):
-    g = np.zeros_like(p)
-    for i in np.ndindex(p.shape):
-        up, down = p.copy(), p.copy()
-        up[i] += h
-        down[i] -= h
-        g[i] = (f(up) - f(down)) / (2 * h)
-    return g
 
 
 @pytest.mark.parametrize("case, from_logits", [
