@@ -15,6 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from labdist.devices import to_host
+
 Backward = Callable[[Any], tuple]
 
 
@@ -70,10 +72,7 @@ class Recorded(NDArrayOperatorsMixin):
     def __array__(self, dtype=None, copy=None):
         """A host array of the value (what `np.asarray` of a recorded array gives: the
         recording stops there)."""
-        data = self.data
-        if not isinstance(data, np.ndarray | np.generic):
-            data = data.get()  # a device array: its explicit host copy
-        return np.asarray(data, dtype=dtype)
+        return np.asarray(to_host(self.data), dtype=dtype)  # a device array: its host copy
 
     def numpy(self) -> np.ndarray:
         return self.__array__()
