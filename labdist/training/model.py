@@ -130,8 +130,11 @@ class Sequential:
         if self._deferred is not None:  # a checkpoint restored before the model was built
             values, where = self._deferred
             self._deferred = None
-            object_checkpoint.assign_deferred(values, {v.name: v for v in self.weights},
-                                              where)
+            object_checkpoint.assign_deferred(values, self.checkpoint_variables(), where)
+
+    def checkpoint_variables(self) -> dict[str, Variable]:
+        """What a checkpoint stores of this model: its weights by name (none before build)."""
+        return {v.name: v for v in self.weights}
 
     def defer_restore(self, values: dict, where: str) -> None:
         """A checkpoint's weights for a model not built yet (TF's deferred restoration):

@@ -12,7 +12,7 @@ values when it makes its variables, as TensorFlow's deferred restoration does.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,17 +26,18 @@ FORMAT = 1
 META = ("meta/format", "meta/save_counter")
 
 
-def kinds():
-    """The object types a checkpoint takes (imported here: the model imports this package)."""
-    from labdist.training.model import Sequential
-    from labdist.training.optimizers import Optimizer
+@runtime_checkable
+class Checkpointable(Protocol):
+    """What a checkpoint needs of an object with variables (`ld.Sequential`, the optimizers):
+    its variables by name (empty before it made any), and where to leave values for them."""
 
-    return Sequential, Optimizer
+    def checkpoint_variables(self) -> dict[str, Variable]: ...
+
+    def defer_restore(self, values: dict[str, np.ndarray], where: str) -> None: ...
 
 
 def check_objects(objects: dict[str, Any]) -> None:
     """Every keyword names a model, an optimizer or a variable; else `TypeError` naming it."""
-    sequential, optimizer = kinds()
     if not objects:
         raise ValueError("Checkpoint() needs something to save: Checkpoint(model=model, "
                          "optimizer=optimizer, step=variable)")
@@ -44,7 +45,7 @@ def check_objects(objects: dict[str, Any]) -> None:
         if name == "meta":
             raise ValueError("Checkpoint(meta=...): 'meta' is the name of the file's own "
                              "entries; use another keyword")
-        if not isinstance(obj, sequential | optimizer | Variable):
+        if not isinstance(obj, Checkpointable | Variable):
             raise TypeError(f"Checkpoint({name}={obj!r}): a checkpoint holds labdist models "
                             "(ld.Sequential), optimizers (ld.optimizers.*) and ld.Variables")
 
@@ -52,18 +53,12 @@ def check_objects(objects: dict[str, Any]) -> None:
 def variables(objects: dict[str, Any], deferred: set[str] | None = None) -> dict[str, Variable]:
     """Every variable the objects hold now, by its key in the file. An object with nothing
     made yet is listed in `deferred` where given (restore), else refused (save)."""
-    sequential, _ = kinds()
     out: dict[str, Variable] = {}
     for name, obj in objects.items():
         if isinstance(obj, Variable):
             found = {name: obj}
-        elif isinstance(obj, sequential):
-            found = {f"{name}/{v.name}": v for v in obj.weights}
         else:
-            found = {f"{name}/{v.name}": v for slots in obj.slot_variables.values()
-                     for v in slots.values()}
-            if obj.iterations is not None:
-                found[f"{name}/iterations"] = obj.iterations
+            found = {f"{name}/{key}": v for key, v in obj.checkpoint_variables().items()}
         if not found:
             if deferred is None:
                 raise RuntimeError(f"Checkpoint: {name}={obj!r} has made no variables yet, so "

@@ -78,6 +78,13 @@ class Optimizer(ABC):
         head = [] if self.iterations is None else [self.iterations]
         return head + [v for slots in self.slot_variables.values() for v in slots.values()]
 
+    def checkpoint_variables(self) -> dict:
+        """What a checkpoint stores of this optimizer: its slots by name, and "iterations"."""
+        found = {v.name: v for slots in self.slot_variables.values() for v in slots.values()}
+        if self.iterations is not None:
+            found["iterations"] = self.iterations
+        return found
+
     def defer_restore(self, values: dict, where: str) -> None:
         """A checkpoint's values for state not made yet (TF's deferred restoration): assigned
         by the build that makes it, keyed by slot variable name and "iterations"."""
@@ -90,9 +97,7 @@ class Optimizer(ABC):
         from labdist.training import object_checkpoint
 
         values, where = self._deferred
-        found = {v.name: v for slots in self.slot_variables.values() for v in slots.values()}
-        if self.iterations is not None:
-            found["iterations"] = self.iterations
+        found = self.checkpoint_variables()
         if not set(values) <= set(found):  # made for other variables: keep waiting
             return
         self._deferred = None
