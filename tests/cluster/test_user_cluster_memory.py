@@ -29,7 +29,11 @@ def heap_kept_after_a_16_mib_temporary() -> int:
     return int(libc.mallinfo2().fordblks >> 20)
 
 
-def test_replicas_on_a_users_local_cluster_keep_their_step_memory():
+def test_replicas_on_a_users_local_cluster_keep_their_step_memory(monkeypatch):
+    # a user's own process: none of the thresholds an embedded cluster's nanny left in this
+    # (the test) process's environment, so the workers get Dask's own 64 KiB
+    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         plain = client.run(heap_kept_after_a_16_mib_temporary)  # the nanny's setting
