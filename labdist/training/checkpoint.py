@@ -41,8 +41,8 @@ class Checkpoint:
     weights, `fit`'s optimizer state and step count as `folder/ckpt-<step>.npz`."""
 
     def __init__(self, root: Any = None, **objects: Any):
-        if root is not None:
-            objects = {"root": root, **objects}
+        if root is not None:  # Checkpoint(model): the model's own checkpoint, as before
+            objects = {"model" if "model" not in objects else "root": root, **objects}
         object_checkpoint.check_objects(objects)
         self._objects = objects
         self.model = objects.get("model")
