@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labdist.replica import replica_context
-from labdist.replica.captured_strategy import scope_in_a_step_error
+from labdist.replica.captured_strategy import mixing_error, scope_in_a_step_error
 from labdist.replica.replica_context import ReplicaContext
 
 # A strategies.base.Strategy. Named, not imported: the strategies import this module, and
@@ -45,16 +45,19 @@ def _stack() -> list:
 
 
 def enter_scope(strategy: Strategy) -> None:
-    """TF's rules: no strategy's scope inside a step (its calls need cross-replica context),
-    and one strategy at a time on the driver."""
-    if replica_context.current() is not None:
-        raise scope_in_a_step_error()
+    """TF's rules: one strategy at a time ("Mixing different tf.distribute.Strategy
+    objects", on the driver and inside a step or update function), and not even the running
+    strategy's scope inside its step (replica context); its update function may enter it,
+    and so may the default strategy's steps (TF 2.21 lets them)."""
+    ctx = replica_context.current()
+    if ctx is not None:
+        if strategy is not ctx.strategy:
+            raise mixing_error(strategy, ctx.strategy)
+        if ctx.mode == "replica" and not is_default(strategy):
+            raise scope_in_a_step_error()
     stack = _stack()
     if stack and stack[-1] is not strategy:
-        raise RuntimeError(
-            f"Mixing different tf.distribute.Strategy objects: {strategy!r} is not "
-            f"{stack[-1]!r}; leave the other strategy's scope first (one strategy at a time)"
-        )
+        raise mixing_error(strategy, stack[-1])
     stack.append(strategy)
 
 
@@ -100,25 +103,33 @@ def get_strategy() -> Strategy:
 
 
 def has_strategy() -> bool:
-    """True inside a (non-default) strategy's scope or step function."""
-    return replica_context.current() is not None or scoped_strategy() is not None
+    """True inside a (non-default) strategy's scope, step or update function (TF: the
+    default strategy's steps have none)."""
+    ctx = replica_context.current()
+    if ctx is not None:
+        return not is_default(ctx.strategy)
+    return scoped_strategy() is not None
 
 
 def in_cross_replica_context() -> bool:
     """True on the driver inside a scope, and inside an `extended.update` function (TF's
-    update context is a cross-replica one)."""
+    update context is a cross-replica one; not the default strategy's, as in TF)."""
     ctx = replica_context.current()
     if ctx is not None:
-        return ctx.mode == "update"
+        return ctx.mode == "update" and not is_default(ctx.strategy)
     return scoped_strategy() is not None
 
 
 def get_replica_context() -> ReplicaContext | None:
     """The replica context inside `strategy.run`; None in cross-replica context (inside
-    `strategy.scope()` on the driver); the default replica context with no strategy."""
+    `strategy.scope()` on the driver, or an `extended.update` function); the default
+    replica context with no strategy (also in the default strategy's update function)."""
     ctx = replica_context.current()
     if ctx is not None:
-        return ctx if ctx.mode == "replica" else None
+        if ctx.mode == "replica":
+            return ctx
+        return default_strategy().default_replica_context() if is_default(ctx.strategy) \
+            else None
     if scoped_strategy() is not None:
         return None
     return default_strategy().default_replica_context()

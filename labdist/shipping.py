@@ -103,6 +103,63 @@ def check_call(fn: Any, args: Any, kwargs: Any) -> None:
 _PLAIN = (int, float, str, bytes, bool, type(None))
 
 
+# -- merge_call results: pickled by the driver, unpickled in the step that waits for them -------
+class Packed:
+    """A merge_call result the driver pickled itself (`pack`). The replica unpickles it in
+    the step that waits for it (`unpack`), so a result its worker cannot rebuild fails that
+    step, saying so, instead of the request that carries it (which would leave the step
+    waiting in merge_call for an answer that never comes)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` unpickles anywhere: numbers, strings, arrays, variable handles, and
+    lists, tuples and dicts of them (a named tuple's class may not be importable there)."""
+    kind = type(value)
+    if kind in _PLAIN or kind is complex or kind in _frozen_types or isinstance(value,
+                                                                                 np.generic):
+        return True
+    if kind is np.ndarray:
+        return value.dtype != object
+    if kind is tuple or kind is list:
+        return all(_plain(x) for x in value)
+    if kind is dict:
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
+
+
+def pack(value: Any, what: str) -> Any:
+    """`value` for one replica: as it is when it unpickles anywhere, else `Packed` (pickled
+    here: a value that cannot be pickled raises TypeError naming `what` before anything is
+    sent to any replica)."""
+    if _plain(value):
+        return value
+    try:  # cloudpickle: classes of __main__ (a notebook's) and lambdas travel by value
+        data = cloudpickle.dumps(value, protocol=5)
+    except Exception as e:
+        raise TypeError(f"{what} cannot be sent to the replicas ({type(e).__name__}: {e}); "
+                        "return arrays, numbers and picklable objects (or structures of "
+                        "them)") from None
+    return Packed(data)
+
+
+def unpack(value: Any, what: str) -> Any:
+    """The value `pack` made, on the replica (a TypeError naming `what` where it cannot be
+    unpickled: a class only the driver has)."""
+    if not isinstance(value, Packed):
+        return value
+    try:
+        return pickle.loads(value.data)
+    except Exception as e:
+        raise TypeError(f"{what} cannot be unpickled on its worker ({type(e).__name__}: {e}); "
+                        "return objects the workers can rebuild (arrays, numbers, or classes "
+                        "from a module the workers have)") from None
+
+
 def wire(value: Any) -> Any:
     """An actor call's argument as Dask sends it: msgpack carries plain values as they are;
     anything else goes as a pickled frame."""

@@ -1,4 +1,5 @@
-"""Distributed values seen from the driver: `PerReplica` holds one component per replica."""
+"""Distributed values seen from the driver: `PerReplica` holds one component per replica;
+`Mirrored`, one whose components are all the same value."""
 
 from __future__ import annotations
 
@@ -27,7 +28,16 @@ class PerReplica:
 
     def __repr__(self) -> str:
         inner = ",\n ".join(f"{i}: {v!r}" for i, v in enumerate(self.values))
-        return f"PerReplica:{{\n {inner}\n}}"
+        return f"{type(self).__name__}:{{\n {inner}\n}}"
+
+
+class Mirrored(PerReplica):
+    """The same value on every replica (TF's `Mirrored`): what `extended.reduce_to` gives for
+    a variable or per-replica destination. It goes wherever a PerReplica goes (`run`,
+    `extended.update`, a merge_call result: each replica its component, which is that
+    value); its components are one host value, not copies of it."""
+
+    __slots__ = ()
 
 
 class ValueContext:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -41,7 +42,7 @@ from labdist.replica.step_event import (
     step_error,
 )
 from labdist.replica.transport_choice import TransportChoice
-from labdist.shipping import picklable_error
+from labdist.shipping import picklable_error, unpack
 from labdist.shm import placed
 from labdist.timing import phases, prometheus
 from labdist.timing.step_report import StepLog, StepReporter
@@ -69,10 +70,18 @@ class ReplicaCore:
         self._event: Future | None = None
         self.steps = step_log  # where the dashboard's reports come from, if anywhere
         self.undo: UndoLog | None = None  # quorum training: each run's starting state
+        # the strategy this replica serves where it lives in the driver's process (a weak
+        # reference, set by OneDeviceStrategy): its steps' `ld.get_strategy()`
+        self.owner: Callable[[], Any] | None = None
         self._thread = threading.Thread(target=self._step_loop, daemon=True,
                                         name=f"labdist-replica-{rank}")
         self._thread.start()
         self.thread_id: int = self._thread.ident
+
+    def strategy(self) -> Any:
+        """The in-process strategy this replica serves (None on a worker, or once it is
+        gone: its steps then see a stand-in)."""
+        return None if self.owner is None else self.owner()
 
     # -- variable copies ------------------------------------------------------------------------
     def create(self, var_id: int, host: np.ndarray) -> None:
@@ -141,11 +150,12 @@ class ReplicaCore:
             value, error = self.inbox.resumes.get()
         if error is not None:
             raise error
-        return self.to_device(value)
+        return self.to_device(unpack(value, f"the merge_call result sent to replica "
+                                            f"{self.rank}"))
 
     def update(self, fn, args: tuple, kwargs: dict) -> Any:
         """`extended.update`: run `fn` here with updates writing only this replica's copy."""
-        ctx = ReplicaContext(self, run_id=-1, mode="update")
+        ctx = ReplicaContext(self, run_id=-1, mode="update", strategy=self.strategy())
         try:
             with enter(ctx):
                 result = fn(*self.to_device(args), **self.to_device(kwargs))
@@ -202,7 +212,7 @@ class ReplicaCore:
         if self.undo is not None:
             self.undo.keep(self.values, run_id)
         self.comm.start_run(run_id)
-        ctx = ReplicaContext(self, run_id)
+        ctx = ReplicaContext(self, run_id, strategy=self.strategy())
         start = time.time()
         try:
             with enter(ctx):

@@ -62,10 +62,12 @@ class ReplicaContext:
     mode "update": `extended.update`; updates write this replica's copy only.
     """
 
-    def __init__(self, replica, run_id: int, mode: str = "replica", merge_handler=None):
+    def __init__(self, replica, run_id: int, mode: str = "replica", merge_handler=None,
+                 strategy: Any = None):
         self._replica = replica
         self._run_id = run_id
         self._mode = mode
+        self._strategy = strategy  # the strategy itself where its replica is this process
         self._seq = 0
         self._merge_handler = merge_handler
         self.warnings: list[tuple[str, type]] = []
@@ -81,12 +83,17 @@ class ReplicaContext:
         return self._replica.world
 
     @property
-    def strategy(self):
-        """TF's `ctx.strategy`: the running strategy as a step sees it (a stand-in answering
-        `num_replicas_in_sync`; cross-replica calls refused with TF's error)."""
-        from labdist.replica.captured_strategy import CapturedStrategy
+    def strategy(self) -> Any:
+        """TF's `ctx.strategy` (and `ld.get_strategy()` in a step): the running strategy, as
+        a step sees it. In the driver's process (OneDeviceStrategy, the default strategy)
+        the strategy itself; on a worker a stand-in answering `num_replicas_in_sync` that
+        refuses the cross-replica calls with TF's error (the one object all step long)."""
+        if self._strategy is None:
+            from labdist.replica.captured_strategy import CapturedStrategy
 
-        return CapturedStrategy("the running strategy", self.num_replicas_in_sync)
+            self._strategy = CapturedStrategy("the running strategy", self.num_replicas_in_sync,
+                                              self._mode)
+        return self._strategy
 
     @property
     def xp(self):

@@ -46,9 +46,11 @@ if TYPE_CHECKING:  # quorum training builds on this module: it is never imported
 class Strategy:
     """The tf.distribute-shaped API over a replica group."""
 
-    # With one replica, TF 2.21's strategies (MirroredStrategy on one device included) give
-    # the plain value from run, all_gather and values_from_function, not a PerReplica.
-    _wrap_single = False
+    # experimental_distribute_values_from_function with one replica: TF 2.21's
+    # MirroredStrategy (and MultiWorkerMirroredStrategy) gives a one-component PerReplica,
+    # OneDeviceStrategy and the default strategy the plain value. (run and all_gather give
+    # the plain value under all of them.)
+    _values_per_replica_with_one = False
     # distribute_datasets_from_function: one pipeline per worker, TF's default; True where
     # every replica has a worker of its own (MultiWorkerMirroredStrategy)
     _pipeline_per_replica = False
@@ -66,6 +68,7 @@ class Strategy:
         # extended.update while its run holds it.
         self._lock = threading.RLock()
         self._running = False  # a run is in progress (on the thread holding the lock)
+        self._updating = False  # an extended.update is (its function pickles the strategy)
         self.extended = StrategyExtended(self)
         self._inputs = Inputs(self, group.remote_input)
         # fault_tolerance="quorum": the component that runs steps as transactions
@@ -153,8 +156,14 @@ class Strategy:
 
     def __reduce__(self):
         """Captured by a step function: on a replica, a stand-in that refuses cross-replica
-        calls with TF's error (on the driver, this strategy again)."""
-        return (_rebuild_strategy, (self._id, type(self).__name__, self.num_replicas_in_sync))
+        calls with TF's error (on the driver, this strategy again). It records whether it
+        travels with this strategy's own step or update function, so that the stand-in tells
+        its own `scope()` (refused in a step, fine in an update function) from another
+        strategy's ("Mixing different ..."), as TF does. (A function that captures this
+        strategy is pickled anew on every call, never cached, so the record is that call's.)"""
+        runs_in = "update" if self._updating else "replica" if self._running else None
+        return (_rebuild_strategy, (self._id, type(self).__name__, self.num_replicas_in_sync,
+                                    runs_in))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -224,12 +233,17 @@ class Strategy:
             self._fail(run_id, events, pipelines=bool(moved))
 
     def _merge(self, events) -> list[Any]:
+        """Call the merge_call function here; each replica's part of its result, packed
+        (`shipping.pack`): one that cannot travel fails here, before any replica is sent
+        anything, and one a replica cannot unpickle fails that replica's step."""
         fn = shipping.driver_object(events[0].value[0])
         args = self._regroup([e.value[1] for e in events], "merge_call args", constants=True)
         kwargs = self._regroup([e.value[2] for e in events], "merge_call kwargs", constants=True)
         with self.scope():
             result = fn(self, *args, **kwargs)
-        return [self._select(result, r, "the merge_call result") for r in range(len(events))]
+        what = f"the result of the merge_call function {_name(fn)}"
+        return [shipping.pack(self._select(result, r, "the merge_call result"),
+                              f"{what} for replica {r}") for r in range(len(events))]
 
     def _fail(self, run_id: int, events, pipelines: bool = False) -> None:
         failures.fail(self.group, run_id, events, pipelines)
@@ -246,7 +260,7 @@ class Strategy:
 
     def _regroup(self, per_rank: list[Any], what: str, constants: bool = False,
                  results: bool = False) -> Any:
-        return regroup.regroup(per_rank, what, constants, results, self._wrap_single)
+        return regroup.regroup(per_rank, what, constants, results)
 
     def experimental_distribute_values_from_function(self, value_fn: Callable) -> Any:
         """`value_fn(ValueContext)` for each replica, computed on the driver, regrouped as TF
@@ -256,7 +270,7 @@ class Strategy:
             raise TypeError(f"value_fn={value_fn!r} is not callable")
         n = self.num_replicas_in_sync
         values = [value_fn(ValueContext(r, n)) for r in range(n)]
-        if n == 1 and not self._wrap_single:
+        if n == 1 and not self._values_per_replica_with_one:
             return values[0]
         return regroup.regroup_leaves(values, "experimental_distribute_values_from_function's "
                                       "values")
@@ -303,7 +317,8 @@ class Strategy:
         return nest.map_structure(one, value)
 
     def experimental_local_results(self, value: Any) -> tuple:
-        """One host value per replica: of a PerReplica, of a variable's copies, or (value,)."""
+        """One host value per replica: of a PerReplica (or a structure of them, Python
+        numbers kept as they are, as in TF), of a variable's copies, or (value,)."""
         self._check_open()
         if isinstance(value, Variable):
             strategy = context.lookup(value.strategy_id)
@@ -314,7 +329,9 @@ class Strategy:
         leaves, _ = nest.flatten(value)
         if not any(isinstance(x, PerReplica) for x in leaves):
             return (value,)
-        return tuple(self._select(value, r, "value") for r in range(self.num_replicas_in_sync))
+        n = self.num_replicas_in_sync
+        return tuple(regroup.select(value, r, "value", n, self._id, arrays=False)
+                     for r in range(n))
 
     def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | None = None) -> Any:
         """Reduce a per-replica value (or a structure of them) to one host value."""
@@ -467,10 +484,18 @@ class Strategy:
         start with nothing but the variables, so a strategy sends them its modes here."""
 
 
-def _rebuild_strategy(strategy_id: str, name: str, num_replicas: int) -> Any:
+def _name(fn: Any) -> str:
+    """How an error names a function (a partial or callable object: its repr)."""
+    qualname = getattr(fn, "__qualname__", None)
+    return qualname if isinstance(qualname, str) else repr(fn)
+
+
+def _rebuild_strategy(strategy_id: str, name: str, num_replicas: int,
+                      runs_in: str | None = None) -> Any:
     """A pickled strategy: the strategy itself where it lives (the driver), else the stand-in
-    a step function on a replica gets."""
+    a step function on a replica gets (`runs_in`: the context its own function that this
+    one travels with runs in, None where it came with another strategy's)."""
     try:
         return context.lookup(strategy_id)
     except ValueError:
-        return CapturedStrategy(name, num_replicas)
+        return CapturedStrategy(name, num_replicas, runs_in)

@@ -48,6 +48,9 @@ class MirroredStrategy(Strategy):
         `QuorumLostError` names the lost workers.
     """
 
+    # TF 2.21: experimental_distribute_values_from_function wraps even one replica's value
+    # (run and all_gather give it plain)
+    _values_per_replica_with_one = True
 
     def __init__(self, num_replicas: int | None = None, cluster: Any = None, *,
                  devices: Any = None, device: str = "auto", collective_timeout: float = 30.0,

@@ -3,6 +3,7 @@ strategy that variables use when no strategy is in scope."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from labdist import context
@@ -70,12 +71,16 @@ class OneDeviceStrategy(Strategy):
 
     def __init__(self, device: str = "auto"):
         super().__init__(LocalReplicaGroup(device))
+        # its steps run in this process: `ld.get_strategy()` there is this strategy, as in TF
+        # (weakly held: the replica must not keep its strategy from being collected)
+        self.group.core.owner = weakref.ref(self)
 
     def default_replica_context(self) -> ReplicaContext:
         """The replica context code sees with no strategy in scope (TF's default replica
         context): its one replica, here, with merge_call running in place."""
         return ReplicaContext(self.group.core, run_id=0,
-                              merge_handler=lambda fn, args, kwargs: fn(self, *args, **kwargs))
+                              merge_handler=lambda fn, args, kwargs: fn(self, *args, **kwargs),
+                              strategy=self)
 
 
 class DefaultStrategy(OneDeviceStrategy):

@@ -15,9 +15,13 @@ from labdist.variables import Variable
 PY_SCALARS = (bool, int, float, complex)
 
 
-def select(tree: Any, rank: int, what: str, num_replicas: int, strategy_id: str) -> Any:
-    """Replica `rank`'s view of `tree`: each PerReplica leaf its component (a number as an
-    array: a per-replica value is distributed); a variable of another strategy refused."""
+def select(tree: Any, rank: int, what: str, num_replicas: int, strategy_id: str, *,
+           arrays: bool = True) -> Any:
+    """Replica `rank`'s view of `tree`: each PerReplica leaf its component; a variable of
+    another strategy refused. `arrays`: a Python number component as a 0-d array, for a
+    step's arguments (a per-replica number is distributed, not the same constant on every
+    replica, when a variable write reduces it); False keeps it a Python object, as TF's
+    `experimental_local_results` does."""
 
     def pick(x):
         if isinstance(x, PerReplica):
@@ -27,7 +31,7 @@ def select(tree: Any, rank: int, what: str, num_replicas: int, strategy_id: str)
                     f"has {num_replicas} replicas (was it made by another strategy?)"
                 )
             x = x.values[rank]
-            if isinstance(x, PY_SCALARS):
+            if arrays and isinstance(x, PY_SCALARS):
                 x = np.asarray(x)
         elif isinstance(x, Variable) and x.strategy_id != strategy_id:
             raise ValueError(
@@ -49,14 +53,14 @@ def select_all(tree: Any, what: str, num_replicas: int, strategy_id: str) -> lis
     return [select(tree, r, what, num_replicas, strategy_id) for r in range(num_replicas)]
 
 
-def regroup(per_rank: list[Any], what: str, constants: bool = False, results: bool = False,
-            wrap_single: bool = False) -> Any:
-    """One value per replica as one structure with a PerReplica at each leaf. `results`:
-    `run`'s results, where a leaf that is None everywhere stays None and one replica gives a
-    one-component PerReplica where the strategy wraps single values (`wrap_single`: TF's
-    MirroredStrategy does, OneDeviceStrategy does not). `constants`: the same Python number
-    on every replica stays a number (merge_call's arguments)."""
-    if len(per_rank) == 1 and not (results and wrap_single):
+def regroup(per_rank: list[Any], what: str, constants: bool = False,
+            results: bool = False) -> Any:
+    """One value per replica as one structure with a PerReplica at each leaf; one replica's
+    value as it is (TF 2.21's run and all_gather give the plain value with one replica, under
+    MirroredStrategy too). `results`: `run`'s results, where a leaf that is None everywhere
+    stays None. `constants`: the same Python number on every replica stays a number
+    (merge_call's arguments)."""
+    if len(per_rank) == 1:
         return per_rank[0]
     return regroup_leaves(per_rank, what, constants, results)
 

@@ -23,6 +23,7 @@ from labdist.training.checkpoint_files import (
 )
 from labdist.training.restore import CASTING, assign_all, check_arrays, check_meta
 from labdist.training.trainer import replica_slots
+from labdist.variables import Variable
 
 __all__ = ["CASTING", "FORMAT", "INDEX", "Checkpoint", "CheckpointError", "atomic_write",
            "latest_checkpoint"]
@@ -36,11 +37,12 @@ class Checkpoint:
     checkpoint of any labdist models, optimizers and variables (object_checkpoint.py).
     `save(prefix)` writes `prefix-1.npz`, `prefix-2.npz`, ... and points the folder's index
     at the newest (`ld.train.latest_checkpoint(folder)`); `write(path)` writes exactly
-    `path`; `restore(path)` reads any of them, or a folder's newest. A compiled model alone
-    (with its own optimizer) keeps the model's format and folder: `save(folder)` writes its
-    weights, `fit`'s optimizer state and step count as `folder/ckpt-<step>.npz`."""
+    `path`; `restore(path)` reads any of them (also named as TF names them, `prefix-1`), or a
+    folder's newest. A compiled model alone (with its own optimizer) keeps the model's format
+    and folder: `save(folder)` writes its weights, `fit`'s optimizer state and step count as
+    `folder/ckpt-<step>.npz`."""
 
-    def __init__(self, root: Any = None, **objects: Any):
+    def __init__(self, root: Any = None, **objects: Any) -> None:
         if root is not None:  # Checkpoint(model): the model's own checkpoint, as before
             objects = {"model" if "model" not in objects else "root": root, **objects}
         object_checkpoint.check_objects(objects)
@@ -123,7 +125,8 @@ class Checkpoint:
         return str(path)
 
     def restore(self, path: str | os.PathLike) -> None:
-        """Load a checkpoint file, or the one a directory's index names, into the model.
+        """Load a checkpoint file (`path`, or `path.npz` as TF's programs name it), or the one
+        a directory's index names, into the objects.
 
         Everything is checked before any variable changes: the index names a file inside the
         directory; every array's npy header (read without its data) matches a variable's
@@ -133,18 +136,22 @@ class Checkpoint:
         was. If an assignment still fails (a worker lost mid-restore), the variables already
         assigned are put back to the values read before (see `restore.assign_all` for when
         that cannot reach a replica)."""
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+        path = _existing(Path(path))
         if path.is_dir():
             path = read_index(path)
         elif not path.is_file():
             raise CheckpointError(f"checkpoint {str(path)!r} is not a regular file")
         if not self._of_a_model():
             self.save_counter = object_checkpoint.restore(self._objects, path)
+            self._count_from_optimizers()
             return
         variables = self._variables()
         headers = read_headers(path)
+        if "meta/save_counter" in headers and "meta/iterations" not in headers:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is an object checkpoint (keys named by keyword: "
+                f"{_keywords(headers)}); restore it with a Checkpoint of the same keywords, "
+                "e.g. Checkpoint(model=model, optimizer=optimizer)")
         check_meta(path, headers, META)
         extra = replica_slots.check(path, headers, variables)
         check_arrays(path, headers, variables, ignore=META + extra)
@@ -154,6 +161,22 @@ class Checkpoint:
         assign_all(self.model._strategy, path, variables, stored, before)
         replica_slots.assign(self.model, variables, stored)
         self.model._iterations = iterations
+        counter = self.model._optimizer.iterations  # Keras' optimizer.iterations: the same
+        if counter is not None and counter.strategy_id == self.model._strategy.id:
+            counter.assign(np.asarray(iterations, np.int64))
+
+    def _count_from_optimizers(self) -> None:
+        """After an object restore: a compiled model whose optimizer was restored counts its
+        steps from the optimizer's restored `iterations` (fit's step count, as in Keras)."""
+        from labdist.training.model import Sequential
+
+        restored = [obj for obj in self._objects.values() if not isinstance(obj, Variable)]
+        for model in restored:
+            if not (isinstance(model, Sequential) and model._compiled):
+                continue
+            counter = model._optimizer.iterations
+            if counter is not None and any(o is model._optimizer for o in restored):
+                model._iterations = int(counter.numpy())
 
     def _check_meta_values(self, path: Path, stored: dict) -> int:
         fmt, iterations = int(stored["meta/format"]), int(stored["meta/iterations"])
@@ -164,6 +187,21 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {str(path)!r}: meta/iterations is {iterations}; "
                                   "it must be >= 0")
         return iterations
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or `path.npz` where only that exists: TensorFlow's programs name a checkpoint
+    by its prefix (`ckpt-1`), labdist's files end in `.npz`."""
+    if not path.exists():
+        with_suffix = path.with_name(path.name + ".npz")
+        if path.suffix != ".npz" and with_suffix.is_file():
+            return with_suffix
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+    return path
+
+
+def _keywords(headers: dict) -> list[str]:
+    return sorted({k.split("/", 1)[0] for k in headers if not k.startswith("meta/")})
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> str | None:

@@ -132,14 +132,18 @@ class Sequential:
             self._deferred = None
             object_checkpoint.assign_deferred(values, self.checkpoint_variables(), where)
 
+    checkpoint_needs_build = True  # saving a model not built yet is an error
+
     def checkpoint_variables(self) -> dict[str, Variable]:
-        """What a checkpoint stores of this model: its weights by name (none before build)."""
-        return {v.name: v for v in self.weights}
+        """What a checkpoint stores of this model: its weights (and layer state) as
+        "weight/<name>"; none before build."""
+        return {f"weight/{v.name}": v for v in self.weights}
 
     def defer_restore(self, values: dict, where: str) -> None:
         """A checkpoint's weights for a model not built yet (TF's deferred restoration):
-        assigned when `build` makes the weights, keyed by weight name."""
-        self._deferred = (dict(values), where)
+        assigned when `build` makes the weights, keyed as `checkpoint_variables`; empty:
+        nothing pending."""
+        self._deferred = (dict(values), where) if values else None
 
     def build_record(self) -> tuple:
         """What a replica's copy needs to take over this model's build (`adopt_build`)."""
@@ -215,12 +219,35 @@ class Sequential:
                 self._outer.ensure_slots(self._strategy.outer_optimizer)
 
     def _ensure_slots(self) -> None:
-        if not self._slots:
-            with self._strategy.scope():  # optimizer state: each replica keeps its own
-                self._slots = [{k: {s: Variable(a, synchronization="NONE", trainable=False,
-                                                name=f"{v.name}/{s}")
-                                    for s, a in self._optimizer.slots(v.numpy()).items()}
-                                for k, v in w.items()} for w in self._weights]
+        """Make fit's optimizer state, which is the optimizer's (as in Keras: one state for
+        `fit`, a custom loop's `apply_gradients`, `optimizer.variables` and checkpoints):
+        registered by variable id as `optimizer.build` keys it, and taken from there where
+        the optimizer already made it (a custom loop ran first)."""
+        if self._slots:
+            return
+        with self._strategy.scope():  # optimizer state: each replica keeps its own
+            self._slots = [{k: self._slots_of(v) for k, v in w.items()}
+                           for w in self._weights]
+        for w, slots in zip(self._weights, self._slots, strict=True):
+            for k, v in w.items():
+                self._optimizer.slot_variables[v.id] = slots[k]
+        if self._optimizer._deferred is not None:  # an object checkpoint restored before
+            self._count_in_optimizer()  # the step count it restores too
+            restored = self._optimizer.restore_deferred(wait=False)
+            if restored and "iterations" in restored:
+                self._iterations = int(restored["iterations"])
+
+    def _slots_of(self, v: Variable) -> dict[str, Variable]:
+        """The optimizer's slots of weight `v`: those it has (same slots, shapes and
+        strategy), else new ones."""
+        wanted = self._optimizer.slots(np.zeros(v.shape, v.dtype))
+        have = self._optimizer.slot_variables.get(v.id)
+        if have is not None and set(have) == set(wanted) and all(
+                s.shape == v.shape and s.strategy_id == self._strategy.id
+                for s in have.values()):
+            return have
+        return {s: Variable(a, synchronization="NONE", trainable=False, name=f"{v.name}/{s}")
+                for s, a in wanted.items()}
 
     # -- training -----------------------------------------------------------------------------
     def fit(self, x, y=None, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",

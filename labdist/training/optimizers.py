@@ -25,8 +25,7 @@ _fraction = checks.fraction
 
 class Optimizer(ABC):
     """What every optimizer shares: TensorFlow's custom-loop calls and Keras' `weight_decay`.
-    `slot_variables` and `iterations` are the state `build` makes (empty under `fit`, which
-    keeps its own)."""
+    `slot_variables` and `iterations` are the state `build` (or `fit`) makes."""
 
     learning_rate: float
 
@@ -78,30 +77,37 @@ class Optimizer(ABC):
         head = [] if self.iterations is None else [self.iterations]
         return head + [v for slots in self.slot_variables.values() for v in slots.values()]
 
+    checkpoint_needs_build = False  # saved before it made any state: nothing to store
+
     def checkpoint_variables(self) -> dict:
-        """What a checkpoint stores of this optimizer: its slots by name, and "iterations"."""
-        found = {v.name: v for slots in self.slot_variables.values() for v in slots.values()}
+        """What a checkpoint stores of this optimizer: "iterations", and each slot as
+        "slot/<name of the variable it belongs to>/<slot name>" (how a restore finds it)."""
+        found = {f"slot/{v.name}": v for slots in self.slot_variables.values()
+                 for v in slots.values()}
         if self.iterations is not None:
             found["iterations"] = self.iterations
         return found
 
     def defer_restore(self, values: dict, where: str) -> None:
         """A checkpoint's values for state not made yet (TF's deferred restoration): assigned
-        by the build that makes it, keyed by slot variable name and "iterations"."""
-        self._deferred = (dict(values), where)
+        by the build that makes it, keyed as `checkpoint_variables`; empty: nothing pending."""
+        self._deferred = (dict(values), where) if values else None
 
-    def restore_deferred(self) -> None:
-        """After a build: the values a restore left for it, if any, checked and assigned."""
+    def restore_deferred(self, wait: bool = True) -> dict | None:
+        """After a build: the values a restore left for it, if any, checked and assigned
+        (returned; None where none were). A custom loop's build may make the slots of some
+        variables only: with `wait`, values for slots not made yet keep waiting."""
         if self._deferred is None:
-            return
+            return None
         from labdist.training import object_checkpoint
 
         values, where = self._deferred
         found = self.checkpoint_variables()
-        if not set(values) <= set(found):  # made for other variables: keep waiting
-            return
+        if wait and not set(values) <= set(found):
+            return None
+        object_checkpoint.assign_deferred(values, found, where)  # refused: still pending
         self._deferred = None
-        object_checkpoint.assign_deferred(values, found, where)
+        return values
 
     def apply_gradients(self, grads_and_vars: Iterable[tuple[Any, Any]]) -> None:
         """Inside `strategy.run`: sum each gradient over the replicas (one all-reduce, as

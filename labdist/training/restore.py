@@ -13,7 +13,7 @@ from labdist.training.checkpoint_files import CheckpointError
 CASTING = "safe"  # a stored dtype restores into a variable only if no value can change
 
 
-def _roll_back(variables: dict, before: dict, keys: list[str]) -> list[str]:
+def roll_back(variables: dict, before: dict, keys: list[str]) -> list[str]:
     """Assign `before` back to `keys`, trying every one; returns those that failed."""
     failed = []
     for key in keys:
@@ -36,24 +36,27 @@ def check_meta(path: Path, headers: dict, keys: tuple) -> None:
                                   f"{shape}; it must be an integer scalar")
 
 
-def check_arrays(path: Path, headers: dict, variables: dict, ignore: tuple = ()) -> None:
+def check_arrays(path: Path, headers: dict, variables: dict, ignore: tuple = (),
+                 holder: str = "the model") -> None:
     """The `.npz` at `path` (its `headers`, from `read_headers`) holds exactly `variables`' keys
     (besides `ignore`), each with the variable's shape and a dtype that casts to it safely;
-    else `CheckpointError` naming the file and what differs. Reads no data."""
+    else `CheckpointError` naming the file and what differs (`holder`: what the variables
+    are, for the message). Reads no data."""
     found = {k for k in headers if k not in ignore}
     if found != set(variables):
         missing, extra = sorted(set(variables) - found), sorted(found - set(variables))
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match this model: "
+        what = "this model" if holder == "the model" else "these objects"
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match {what}: "
                               f"missing {missing}, unexpected {extra}")
     for key, v in variables.items():
         shape, dtype = headers[key]
         if shape != tuple(v.shape):
             raise CheckpointError(f"checkpoint {str(path)!r}: {key} has shape {shape}, "
-                                  f"the model has {tuple(v.shape)}")
+                                  f"{holder} has {tuple(v.shape)}")
         if not np.can_cast(dtype, v.dtype, casting=CASTING):
             raise CheckpointError(
                 f"checkpoint {str(path)!r}: {key} is {dtype}, which does not restore into "
-                f"the model's {v.dtype} without changing values (allowed: {v.dtype} or a "
+                f"{holder}'s {v.dtype} without changing values (allowed: {v.dtype} or a "
                 f"dtype numpy casts to it under casting={CASTING!r})")
 
 
@@ -73,7 +76,7 @@ def assign_all(strategy, path: Path, variables: dict, stored: dict, before: dict
                 done.append(key)
                 v.assign(stored[key].astype(v.dtype, copy=False))
         except BaseException as error:
-            failed = _roll_back(variables, before, done)
+            failed = roll_back(variables, before, done)
             if failed:
                 raise CheckpointError(
                     f"restoring {str(path)!r} failed at {done[-1]} ({error}), and rolling "

@@ -1,7 +1,8 @@
 """What `strategy.run` and `experimental_distribute_values_from_function` return, as TF 2.21's
 MirroredStrategy does (tf.distribute's `regroup`): the function's structure with a per-replica
-value at each leaf, and with one replica the plain value (TF 2.21 on one device: an
-EagerTensor, not a PerReplica); a leaf that is None everywhere stays None; a variable comes
+value at each leaf; with one replica `run` gives the plain value (TF 2.21 on one device: an
+EagerTensor, not a PerReplica) while values_from_function still gives a one-component
+PerReplica (TF's `always_wrap`); a leaf that is None everywhere stays None; a variable comes
 back as the variable itself; cross-replica calls (and any `scope()`) inside a step raise TF's
 RuntimeError.
 Each on 1, 2 and 3 replicas (real worker processes), for a fresh function (pickled with the call)
@@ -31,10 +32,16 @@ def twice(strategy, fn, *args, **kwargs):
 
 
 def parts(value, n: int) -> list:
-    """A per-replica leaf's components: with one replica, TF's plain value is the one."""
+    """A run result leaf's components: with one replica, TF's plain value is the one."""
     if n == 1:
         assert not isinstance(value, ld.PerReplica)
         return [value]
+    return wrapped(value, n)
+
+
+def wrapped(value, n: int) -> list:
+    """A values_from_function leaf's components: a PerReplica of n, one replica included
+    (TF 2.21's MirroredStrategy on one device: PerReplica:{0: 5})."""
     assert isinstance(value, ld.PerReplica) and len(value) == n
     return list(value.values)
 
@@ -138,7 +145,12 @@ def test_values_from_function_returning_a_nest_gives_a_nest_of_per_replica_value
         lambda ctx: {"a": 0.5, "b": {"c": [1, ctx.replica_id_in_sync_group]}})
     assert set(nested) == {"a", "b"} and type(nested["b"]["c"]) is list
     for leaf in (nested["a"], nested["b"]["c"][0], nested["b"]["c"][1]):
-        parts(leaf, n)
+        wrapped(leaf, n)
+    # TF: Python numbers stay Python objects in the local results, also inside a structure
+    local = mirrored.experimental_local_results(nested)
+    assert [type(d["a"]) for d in local] == [float] * n
+    assert [d["b"]["c"] for d in local] == [[1, r] for r in range(n)]
+    assert all(type(x) is int for d in local for x in d["b"]["c"])
     total = mirrored.reduce("SUM", nested, axis=None)
     # TF, 2 replicas: {"a": 1.0, "b": {"c": [2, 1]}}
     assert total == {"a": 0.5 * n, "b": {"c": [n, sum(range(n))]}}
@@ -146,7 +158,7 @@ def test_values_from_function_returning_a_nest_gives_a_nest_of_per_replica_value
 
     point = mirrored.experimental_distribute_values_from_function(
         lambda ctx: Point(1.0, ctx.replica_id_in_sync_group))
-    assert type(point) is Point and len(parts(point.x, n)) == n
+    assert type(point) is Point and len(wrapped(point.x, n)) == n
     summed = mirrored.reduce("SUM", point, axis=None)
     assert type(summed) is Point and summed == Point(1.0 * n, sum(range(n)))  # TF: Point(2.0, 1)
     mean = mirrored.reduce("MEAN", point, axis=None)
