@@ -35,6 +35,8 @@ class Event:
     requested: float  # time.time() when the first of its changes was asked for
     applied: float  # time.time() when the runner had applied it
     requested_step: int = 0  # steps completed when it was asked for
+    lost: tuple[int, ...] = ()  # quorum mode: replica numbers lost in this change
+    joined: tuple[int, ...] = ()  # quorum mode: replica numbers taken in
 
     @property
     def steps_late(self) -> int:

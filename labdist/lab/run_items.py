@@ -45,6 +45,8 @@ class EventItem:
     requested: float  # time.time() when the first of its changes was asked for
     applied: float  # time.time() when the runner had applied it
     requested_step: int
+    lost: tuple[int, ...] = ()  # quorum mode: replica numbers lost (the charts name them)
+    joined: tuple[int, ...] = ()  # quorum mode: replica numbers taken in
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,9 @@ class Runner:
                 self._changes = [(_resized(c, n), t, s) for c, t, s in self._changes]
             now = time.time()
             event = Event(change.step, "; ".join(texts), {"replicas": (len(before), n)},
-                          now - change.paused_s, now, change.step)
+                          now - change.paused_s, now, change.step,
+                          lost=tuple(before.index(w) for w in change.lost),
+                          joined=tuple(change.workers.index(w) for w in change.joined))
             self.history.events.append(event)
             self._emit(_event_item(event))
 
@@ -392,7 +394,8 @@ def _event_item(event: Event) -> EventItem:
     return EventItem(step=event.step, text=event.text,
                      changes={k: [_plain(a), _plain(b)] for k, (a, b) in event.changes.items()},
                      requested=event.requested, applied=event.applied,
-                     requested_step=event.requested_step)
+                     requested_step=event.requested_step, lost=event.lost,
+                     joined=event.joined)
 
 
 def _shown(name: str, value: Any) -> Any:

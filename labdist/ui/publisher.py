@@ -174,7 +174,8 @@ class Publisher:
     def _event(self, item: EventItem) -> None:
         label = ", ".join(f"{k} → {_short(v[1], k)}" for k, v in item.changes.items())
         if "replicas" in item.changes:  # quorum mode: who, not a count ("replica 1 lost")
-            label = ", ".join(re.findall(r"replica \d+ (?:lost|joined)", item.text)) or label
+            label = ", ".join([f"replica {r} lost" for r in item.lost]
+                              + [f"replica {r} joined" for r in item.joined]) or label
         moved_ps = bool({"kind", "use_locking"} & item.changes.keys())
         for name, chart in self.charts.items():
             if name == "staleness":  # its counts restart when the parameter server changes
