@@ -153,12 +153,31 @@ def callbacks(value: Any) -> list[Callback]:
     return list(value)
 
 
-def fit_arguments(model, epochs: Any, shuffle: Any, initial_epoch: Any) -> None:
+def fit_arguments(model, epochs: Any, shuffle: Any, initial_epoch: Any,
+                  steps_per_epoch: Any = None) -> int | None:
+    """Checks `fit`'s loop arguments; returns `steps_per_epoch` as Keras reads it (None or 0:
+    a whole pass of the data each epoch)."""
     checks.integer("epochs", epochs, 1)
     if not isinstance(shuffle, bool | np.bool_):
         checks.refuse("shuffle", shuffle, "True or False ('batch' shuffling is not supported)",
                       TypeError)
     checks.integer("initial_epoch", initial_epoch, 0)
+    if steps_per_epoch is None:
+        return None
+    return checks.integer("steps_per_epoch", steps_per_epoch, 0) or None
+
+
+def stream(dataset: Any, steps_per_epoch: int | None, epochs: int, initial_epoch: int) -> Any:
+    """A dataset that repeats forever, as `fit(..., steps_per_epoch=n)` reads it: the batches
+    the epochs from `initial_epoch` to `epochs` take, one after another (Keras' iterator
+    carries on from epoch to epoch); any other dataset as it is."""
+    if dataset.finite:
+        return dataset
+    if steps_per_epoch is None:
+        raise ValueError("fit: the dataset repeats forever, so an epoch has no end; give "
+                         "steps_per_epoch=n (the batches an epoch takes), or a finite "
+                         "dataset (drop .repeat(), or .take(n))")
+    return dataset.take(steps_per_epoch * max(1, epochs - initial_epoch))
 
 
 def _short(value: Any) -> str:

@@ -253,17 +253,26 @@ class Sequential:
     def fit(self, x, y=None, batch_size: int = 32, epochs: int = 1, verbose: Any = "auto",
             callbacks: Sequence[Any] | None = (), validation_data: Any = None,
             shuffle: bool = True, initial_epoch: int = 0, sample_weight: Any = None,
-            class_weight: dict | None = None) -> History:
+            class_weight: dict | None = None, steps_per_epoch: int | None = None
+            ) -> History:
         """Keras' fit, on arrays (x, y) or on an `ld.data.Dataset` of (x, y) batches: its
         batches are taken from one pass (their size is the global batch size), and a
         pipeline with a shuffle step is reshuffled every epoch (a full shuffle).
+        `steps_per_epoch`: an epoch takes that many batches, carrying on through the pass
+        where the last epoch stopped; an epoch that reaches the pass's end stops there (short),
+        and the next starts a new pass, as Keras 3 does. A dataset that repeats forever needs
+        it (its batches are then read in order, epoch after epoch).
         `sample_weight` / `class_weight` weigh each sample's loss as Keras 3 does (the sum of
         weighted losses over the batch size); compiled metrics stay unweighted, as Keras'
         `metrics=` are."""
         # everything checked before anything changes (fit_checks.py)
         self._check_compiled()
+        steps_per_epoch = fit_checks.fit_arguments(self, epochs, shuffle, initial_epoch,
+                                                   steps_per_epoch)
         if isinstance(x, Dataset):
-            shuffle = x.shuffled
+            # a stream (repeated forever) comes in the order it was drawn: no pass to reshuffle
+            shuffle = x.shuffled and x.finite
+            x = fit_checks.stream(x, steps_per_epoch, epochs, initial_epoch)
             x, y, batch_size = fit_checks.from_dataset(x, y, "fit")
         if isinstance(validation_data, Dataset):
             validation_data = fit_checks.from_dataset(validation_data, None,
@@ -271,7 +280,6 @@ class Sequential:
         x, y = fit_checks.arrays(x, y)
         fit_checks.check_data(self, x, y)
         weights = fit_checks.sample_weights(y, sample_weight, class_weight)
-        fit_checks.fit_arguments(self, epochs, shuffle, initial_epoch)
         callbacks = fit_checks.callbacks(callbacks)
         validation_data = fit_checks.validation(self, validation_data)
         verbose = check_verbose(verbose)
@@ -296,7 +304,8 @@ class Sequential:
             carried = y if weights is None else fit_checks.with_weights(y, weights)
             with phases.driving(), placed_arrays(self._strategy, x, carried) as data:
                 batches = Batches(data, batch_size, shuffle=shuffle, seed=self.seed)
-                with FitLoop(self, self._strategy, callbacks, data, batches) as loop:
+                with FitLoop(self, self._strategy, callbacks, data, batches,
+                             steps_per_epoch) as loop:
                     history = self._epochs(start, epochs, loop, y, batch_size, verbose,
                                            callbacks, validation_data, history, targets)
             if self._outer is not None:  # one model to evaluate, save and read: close a round
@@ -334,7 +343,7 @@ class Sequential:
         for epoch in range(start, epochs):
             for cb in callbacks:
                 _call(cb, "on_epoch_begin", epoch)
-            bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", len(loop.batches), verbose)
+            bar = ProgressBar(f"Epoch {epoch + 1}/{epochs}", loop.next_epoch_steps(), verbose)
             totals = loop.epoch(self._train_step(y, targets), bar)
             loss_sum, sums, seen = totals.loss, totals.sums, totals.seen
             logs = self._running_logs(loss_sum, sums, seen)

@@ -64,12 +64,19 @@ class Totals:
 class FitLoop:
     """One `fit` call's epochs (a context manager: it owns the board's file)."""
 
-    def __init__(self, model, strategy, callbacks: list, data: tuple, batches):
+    def __init__(self, model, strategy, callbacks: list, data: tuple, batches,
+                 steps_per_epoch: int | None = None):
         self.model, self.strategy, self.callbacks = model, strategy, callbacks
         self.data, self.batches = data, batches
         self.hooks = any(implements_batch_hooks(cb) for cb in callbacks)
         self.spe = model._steps_per_execution
-        self.groups = -(-len(batches) // self.spe)
+        # an epoch's batches: a whole pass, or `steps_per_epoch` of it, carrying on where the
+        # last epoch stopped (Keras 3's epoch iterator): the pass in progress and where in it
+        self.per_epoch = min(steps_per_epoch or len(batches), len(batches))
+        self.groups = -(-self.per_epoch // self.spe)  # the most an epoch has
+        self._next = 0  # the pass's next batch (0: the next epoch starts a new pass)
+        self._plan: EpochPlan | None = None  # the pass, where the replicas slice it
+        self._pass: list = []  # the pass's batches, where the driver sends them
         self._board: Board | None = None
 
     def __enter__(self) -> FitLoop:
@@ -81,24 +88,37 @@ class FitLoop:
             self._board = None
 
     # -- one epoch ----------------------------------------------------------------------------
+    def next_epoch_steps(self) -> int:
+        """The steps the next epoch takes (fewer than `steps_per_epoch` where the pass ends)."""
+        return min(self.per_epoch, len(self.batches) - self._next)
+
     def epoch(self, step, bar) -> Totals:
-        """Train one epoch (a pass of the batches); its totals."""
+        """Train one epoch (a pass of the batches, or `steps_per_epoch` of them); its
+        totals."""
         totals = Totals(len(self.model._metrics))
-        plan = None
-        if self.strategy.loops_on_replicas:
-            plan = epoch_plan(self.data, self.batches, self.spe, self.model._iterations, None)
-        if plan is None:
-            self._driver_groups(step, bar, totals)
-        elif self.hooks:
+        first, count = self._next, self.next_epoch_steps()
+        if first == 0:  # a new pass (a new order, with shuffle)
+            self._plan = None
+            if self.strategy.loops_on_replicas:
+                self._plan = epoch_plan(self.data, self.batches, self.spe,
+                                        self.model._iterations, None)
+            self._pass = list(self.batches) if self._plan is None else []
+        self._next = 0 if first + count >= len(self.batches) else first + count
+        if self._plan is None:
+            self._driver_groups(step, self._pass[first:first + count], bar, totals)
+            return totals
+        plan = dataclasses.replace(self._plan, first_batch=first, batches=count,
+                                   first_iteration=self.model._iterations)
+        if self.hooks:
             self._plan_groups(step, plan, bar, totals)
         else:
-            groups = 1 if self.model.stop_training else self.groups  # set in on_epoch_begin
-            self._free_span(step, plan, min(plan.batches, groups * self.spe), bar, totals)
+            steps = self.spe if self.model.stop_training else count  # set in on_epoch_begin
+            self._free_span(step, plan, min(count, steps), bar, totals)
         return totals
 
-    def _driver_groups(self, step, bar, totals: Totals) -> None:
+    def _driver_groups(self, step, batches: list, bar, totals: Totals) -> None:
         """Today's path: the driver makes each group's batches and sends them."""
-        groups = _chunks(list(self.batches), self.spe)
+        groups = _chunks(batches, self.spe)
         outputs = iter(self.strategy.train_model_steps(step, groups, self.model._iterations))
         try:
             for g, group in enumerate(groups):
@@ -117,10 +137,10 @@ class FitLoop:
                 close()
 
     def _plan_groups(self, step, plan: EpochPlan, bar, totals: Totals) -> None:
-        """A callback has batch hooks: one group a dispatch, the hooks around each."""
-        for g in range(self.groups):
-            first = g * self.spe
-            span = dataclasses.replace(plan, first_batch=first,
+        """A callback has batch hooks: one group a dispatch, the hooks around each (batch
+        numbers count from the epoch's first, as Keras' do)."""
+        for first in range(0, plan.batches, self.spe):
+            span = dataclasses.replace(plan, first_batch=plan.first_batch + first,
                                        batches=min(self.spe, plan.batches - first),
                                        first_iteration=self.model._iterations)
             self._call("on_train_batch_begin", first)
@@ -137,7 +157,7 @@ class FitLoop:
             self._board = Board(self.groups, 1 + len(self.model._metrics))
         board = self._board
         board.reset()
-        span = dataclasses.replace(plan, batches=batches, board=board.path)
+        span = dataclasses.replace(plan, batches=batches, board=board.path)  # from first_batch
         watch = _Watch(board, self.model, bar, totals)
         watch.start()
         try:
