@@ -216,7 +216,7 @@ def _read_config(path: Path) -> dict:
 _LAYERS = {cls.__name__: cls for cls in (
     layers_mod.Dense, layers_mod.Dropout, layers_mod.Flatten, layers_mod.Conv2D,
     layers_mod.MaxPooling2D, layers_mod.AveragePooling2D, layers_mod.GlobalAveragePooling1D,
-    layers_mod.Embedding, layers_mod.BatchNormalization)}
+    layers_mod.Embedding, layers_mod.BatchNormalization, layers_mod.Reshape)}
 
 
 def _layer(directory: Path, index: int, spec: Any):
@@ -228,7 +228,7 @@ def _layer(directory: Path, index: int, spec: Any):
         raise CheckpointError(f"{where} has class_name={name!r}, which labdist does not know; "
                               f"allowed: {', '.join(_LAYERS)}")
     config = dict(spec["config"])
-    for key in ("input_shape", "kernel_size", "strides", "pool_size"):
+    for key in ("input_shape", "kernel_size", "strides", "pool_size", "target_shape"):
         if isinstance(config.get(key), list):
             config[key] = tuple(config[key])
     try:

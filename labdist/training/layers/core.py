@@ -149,6 +149,51 @@ class Flatten(Layer):
         return "Flatten()"
 
 
+class Reshape(Layer):
+    """(batch, ...) -> (batch, *target_shape), in row-major order (one -1 in `target_shape`
+    stands for what the sample's size leaves, as in Keras)."""
+
+    def __init__(self, target_shape: tuple[int, ...],
+                 input_shape: tuple[int, ...] | None = None):
+        shape = tuple(target_shape) if isinstance(target_shape, tuple | list) else None
+        if not shape or not all(isinstance(d, int) and not isinstance(d, bool)
+                                and (d > 0 or d == -1) for d in shape):
+            checks.refuse("target_shape", target_shape, "a tuple of positive integers, with at "
+                          "most one -1 (what is left), like (28, 28, 1)")
+        if shape.count(-1) > 1:
+            raise ValueError(f"target_shape={target_shape!r} is not allowed: there must be at "
+                             "most one unknown dimension (-1)")
+        self.target_shape = shape
+        self.input_shape = check_input_shape(input_shape, example="(784,)")
+
+    def output_shape(self, input_shape: Shape) -> Shape:
+        size, known = math.prod(input_shape), math.prod(d for d in self.target_shape if d > 0)
+        if -1 in self.target_shape:
+            if size % known:
+                raise ValueError(f"{self!r}: a sample of shape {tuple(input_shape)} has "
+                                 f"{size} values, which {self.target_shape} cannot divide")
+            return tuple(size // known if d == -1 else d for d in self.target_shape)
+        if size != known:
+            raise ValueError(f"{self!r}: the total size must be unchanged; a sample of shape "
+                             f"{tuple(input_shape)} has {size} values, target_shape "
+                             f"{self.target_shape} holds {known}")
+        return self.target_shape
+
+    def forward(self, xp, params, x, training: bool = False, rng: Any = None,
+                state: dict | None = None):
+        return x.reshape(len(x), *self.target_shape), x.shape
+
+    def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
+        return (dy.reshape(cache) if input_grad else None), {}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"target_shape": list(self.target_shape),
+                "input_shape": list(self.input_shape) if self.input_shape else None}
+
+    def __repr__(self) -> str:
+        return f"Reshape({self.target_shape})"
+
+
 class Input:
     """Keras 3's `keras.Input(shape)` as a `Sequential` model's first entry: it says the shape
     of one sample (the batch axis left out), as `input_shape=` on the first layer does. Not a
@@ -167,3 +212,19 @@ class Input:
     def __repr__(self) -> str:
         return f"Input(shape={self.shape})"
 
+
+
+class InputLayer(Input):
+    """Keras' `InputLayer` as a `Sequential` model's first entry: `Input` by its layer name,
+    taking the older `input_shape=` too (as Keras 3 still does)."""
+
+    def __init__(self, shape: tuple[int, ...] | int | None = None, batch_size: int | None = None,
+                 dtype: Any = None, name: str | None = None,
+                 input_shape: tuple[int, ...] | None = None):
+        if (shape is None) == (input_shape is None):
+            raise ValueError(f"InputLayer(shape={shape!r}, input_shape={input_shape!r}): give "
+                             "the sample's shape once, as shape=(28, 28)")
+        super().__init__(shape if shape is not None else input_shape, batch_size, dtype, name)
+
+    def __repr__(self) -> str:
+        return f"InputLayer(shape={self.shape})"
