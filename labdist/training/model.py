@@ -293,6 +293,7 @@ class Sequential:
         self._ensure_ready(x)
         resume = [_call(cb, "resume_epoch") for cb in callbacks]  # e.g. BackupAndRestore
         start = max([initial_epoch, *(e for e in resume if e is not None)])
+        self._take_count_from_optimizer()
         steps_before = self._iterations
         stop_listening = self._strategy.add_membership_listener(  # quorum training's changes
             lambda change: [_call(cb, "on_membership_change", change) for cb in callbacks])
@@ -321,6 +322,13 @@ class Sequential:
             raise
         finally:
             stop_listening()
+
+    def _take_count_from_optimizer(self) -> None:
+        """Keras has one step counter, `optimizer.iterations`: steps a custom loop's
+        `apply_gradients` took count for `fit` too (Adam's bias correction reads it)."""
+        counter = self._optimizer.iterations
+        if counter is not None and counter.strategy_id == self._strategy.id:
+            self._iterations = int(counter.numpy())
 
     def _count_in_optimizer(self) -> None:
         """Keras' `model.optimizer.iterations` after `fit`: the optimizer steps the model has
