@@ -33,7 +33,7 @@ def test_loop_fit_loop_share_one_counter(replicas, mirrored2):
         with ld.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True)) / 4  # the global batch's mean
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     def loop(steps: int) -> None:
         for i in range(steps):

@@ -36,7 +36,7 @@ def main() -> None:
             with tf.GradientTape() as tape:
                 loss = loss_fn(y[4 * i:4 * i + 4], model(x[4 * i:4 * i + 4], training=True))
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     def record(phase: str) -> None:
         out["phases"].append({"phase": phase, "iterations": int(optimizer.iterations.numpy()),
