@@ -36,9 +36,10 @@ class Lab:
     strategy: an `ld.MirroredStrategy` or `ld.ParameterServerStrategy` (used, never closed),
         or None to start a MirroredStrategy of `num_replicas` (default 2) that the lab owns.
         The other kinds are made on the same cluster the first time a switch needs them.
-    model: a lab model (`ld.lab.Linear`, `ld.lab.SoftmaxRegression`, or a `LabModel`);
-        default `Linear(1)`, whose two parameters get a parameter-plane view.
-    data: (x, y) arrays (default: synthetic 1-feature regression).
+    model: a lab model (`ld.lab.Linear`, `ld.lab.SoftmaxRegression`, `ld.lab.DigitsCNN`, or
+        a `LabModel`); default `Linear(1)`, whose two parameters get a parameter-plane view.
+    data: (x, y) arrays (default: the model's own, `LabModel.default_data`: a synthetic
+        1-feature regression for `Linear(1)`, the digits for `DigitsCNN`).
     track: parameter elements to chart per replica ("w", "W[3]"); default: the first few.
     global_batch_size: samples per step, split across the replicas in order.
     fault_tolerance: "quorum" makes the lab's own MirroredStrategy quorum-trained: each step
@@ -336,13 +337,11 @@ def _replicas(strategy: Any, num_replicas: int | None) -> int:
 
 def _data(data: Any, model: LabModel, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if data is None:
-        if not isinstance(model, Linear) or model.n_features != 1:
-            raise ValueError(f"data=None works with ld.lab.Linear(1) only; give (x, y) for "
-                             f"{model!r}")
-        from labdist.data.datasets import synthetic
-
-        x, y = synthetic.regression(n_samples=512, n_features=1, noise=0.3, seed=seed)
-        return x.astype(np.float64), y.astype(np.float64)
+        found = model.default_data(seed) if isinstance(model, LabModel) else None
+        if found is None:
+            raise ValueError(f"data=None: {model!r} has no data of its own; give (x, y), or "
+                             "use ld.lab.Linear(1) or ld.lab.DigitsCNN(), which have")
+        return found
     if not isinstance(data, tuple | list) or len(data) != 2:
         raise TypeError(f"data must be a pair (x, y) of arrays, got {type(data).__name__}")
     x, y = np.asarray(data[0]), np.asarray(data[1])

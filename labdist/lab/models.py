@@ -17,7 +17,7 @@ import numpy as np
 
 from labdist import checks
 from labdist.training import losses
-from labdist.training.layers import Dense
+from labdist.training.layers import Conv2D, Dense, Flatten, MaxPooling2D
 
 
 class LabModel:
@@ -39,6 +39,11 @@ class LabModel:
 
     def check_data(self, x: np.ndarray, y: np.ndarray) -> None:
         """Raise ValueError naming what is wrong when (x, y) does not fit this model."""
+
+    def default_data(self, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The data the lab trains this model on when it is given none (None: it must be
+        given)."""
+        return None
 
     def solve(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray] | None:
         """The parameters that minimise the loss on (x, y), where a model can say (the
@@ -111,6 +116,15 @@ class Linear(LabModel):
         return loss, {"w": grads["kernel"].reshape(params["w"].shape),
                       "b": grads["bias"].reshape(params["b"].shape)}
 
+    def default_data(self, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """One feature: a noisy line (512 samples), whose (w, b) plane the lab draws."""
+        if self.n_features != 1:
+            return None
+        from labdist.data.datasets import synthetic
+
+        x, y = synthetic.regression(n_samples=512, n_features=1, noise=0.3, seed=seed)
+        return x.astype(np.float64), y.astype(np.float64)
+
     def check_data(self, x, y):
         if x.ndim not in (1, 2) or (x.ndim == 2 and x.shape[1] != self.n_features) or \
                 (x.ndim == 1 and self.n_features != 1):
@@ -173,6 +187,74 @@ class SoftmaxRegression(LabModel):
         if y.shape != (len(x),) or y.dtype.kind not in "iu" or (
                 len(y) and (y.min() < 0 or y.max() >= self.n_classes)):
             raise ValueError(f"data: y must be {len(x)} integer labels in 0..{self.n_classes - 1}")
+
+
+@lru_cache(maxsize=8)
+def cnn_layers(filters: int) -> tuple[Conv2D, MaxPooling2D, Flatten, Dense]:
+    """The CNN's layers, made once per size and process (as `dense`)."""
+    return (Conv2D(filters, 3, activation="relu", input_shape=(8, 8, 1)), MaxPooling2D(2),
+            Flatten(), Dense(10, input_shape=(9 * filters,)))
+
+
+class DigitsCNN(LabModel):
+    """The tutorials' small CNN, sized for the 8x8 digits: Conv2D(filters, 3, relu) ->
+    MaxPooling2D(2) -> Flatten -> Dense(10) logits, with sparse categorical cross-entropy.
+    A real model in the lab: hundreds of parameters (the charts follow a few), each mode's
+    all-reduce or push carrying all of them. Trains on the digits when given no data.
+
+    Its parameters are the layers' own, named `conv_kernel`, `conv_bias`, `dense_kernel`,
+    `dense_bias`; their initial values are Keras' (Glorot uniform kernels, zero biases)."""
+
+    def __init__(self, filters: int = 8, seed: int = 0):
+        self.filters = checks.integer("filters", filters, 1)
+        self.seed = checks.integer("seed", seed, 0)
+        self.loss_fn = losses.get("sparse_categorical_crossentropy", from_logits=True)
+
+    def __repr__(self) -> str:
+        return f"DigitsCNN(filters={self.filters})"
+
+    def init_params(self) -> dict[str, np.ndarray]:
+        conv, _, _, dense_layer = cnn_layers(self.filters)
+        rng = np.random.default_rng(self.seed)
+        c = conv.build((8, 8, 1), rng)
+        d = dense_layer.build((9 * self.filters,), rng)
+        return {"conv_kernel": c["kernel"].astype(np.float64),
+                "conv_bias": c["bias"].astype(np.float64),
+                "dense_kernel": d["kernel"].astype(np.float64),
+                "dense_bias": d["bias"].astype(np.float64)}
+
+    def loss_and_grads(self, xp, params, x, y):
+        if len(x) == 0:
+            return empty_batch(xp, params)
+        conv, pool, flatten, dense_layer = cnn_layers(self.filters)
+        cp = {"kernel": params["conv_kernel"], "bias": params["conv_bias"]}
+        dp = {"kernel": params["dense_kernel"], "bias": params["dense_bias"]}
+        h, conv_cache = conv.forward(xp, cp, x.reshape(len(x), 8, 8, 1))
+        h, pool_cache = pool.forward(xp, {}, h)
+        h, flat_cache = flatten.forward(xp, {}, h)
+        logits, dense_cache = dense_layer.forward(xp, dp, h)
+        loss, d = self.loss_fn.value_and_grad(xp, y, logits)
+        d, dense_grads = dense_layer.backward(xp, dp, dense_cache, d)
+        d, _ = flatten.backward(xp, {}, flat_cache, d)
+        d, _ = pool.backward(xp, {}, pool_cache, d)
+        _, conv_grads = conv.backward(xp, cp, conv_cache, d, input_grad=False)
+        return loss, {"conv_kernel": conv_grads["kernel"], "conv_bias": conv_grads["bias"],
+                      "dense_kernel": dense_grads["kernel"], "dense_bias": dense_grads["bias"]}
+
+    def check_data(self, x, y):
+        if x.shape[1:] not in ((64,), (8, 8), (8, 8, 1)):
+            raise ValueError(f"data: x has shape {x.shape} but {self!r} takes 8x8 images: "
+                             "(n, 64), (n, 8, 8) or (n, 8, 8, 1)")
+        if y.shape != (len(x),) or y.dtype.kind not in "iu" or (
+                len(y) and (y.min() < 0 or y.max() > 9)):
+            raise ValueError(f"data: y must be {len(x)} integer labels in 0..9")
+
+    def default_data(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The digits' training part (1,437 images; needs scikit-learn, as the digits do)."""
+        from labdist.data.datasets import digits
+
+        (x, y), _ = digits.load_data(seed=seed)
+        return x.astype(np.float64), y
 
 
 class ParamSpec:

@@ -491,3 +491,57 @@ def test_throughput_never_divides_by_a_tiny_interval():
     assert history.steps_per_second() <= 2 / MIN_SPAN_S  # not 2e5
     history.clear()
     assert history.steps_per_second() == 0.0
+
+
+def test_digits_cnn_gives_its_layers_gradients():
+    """The lab's CNN: its gradients are those of its mean loss (central differences on a
+    few entries of every parameter), and an empty shard gives zeros."""
+    from gradients import numeric_grad
+
+    rng = np.random.default_rng(5)
+    x, y = rng.uniform(0, 1, (6, 64)), rng.integers(0, 10, 6)
+    model = ld.lab.DigitsCNN(filters=2)
+    params = model.init_params()
+    params["conv_bias"] = rng.normal(0, 0.1, 2)  # no ReLU kink exactly at a difference step
+    loss, grads = model.loss_and_grads(np, params, x, y)
+    assert float(loss) == pytest.approx(float(model.loss(np, params, x, y)))
+    assert {k: g.shape for k, g in grads.items()} == {k: v.shape for k, v in params.items()}
+    for name in params:
+        flat = params[name].reshape(-1)
+        picked = rng.choice(flat.size, min(flat.size, 6), replace=False)
+
+        def f(values, name=name, picked=picked):
+            changed = dict(params)
+            p = flat.copy()
+            p[picked] = values
+            changed[name] = p.reshape(params[name].shape)
+            return float(model.loss(np, changed, x, y))
+
+        np.testing.assert_allclose(grads[name].reshape(-1)[picked],
+                                   numeric_grad(f, flat[picked].copy()), rtol=1e-5, atol=1e-8)
+    empty_loss, zero = model.loss_and_grads(np, params, x[:0], y[:0])
+    assert float(empty_loss) == 0.0 and all(not g.any() for g in zero.values())
+    with pytest.raises(ValueError, match="8x8 images"):
+        ld.Lab(model=model, data=(np.zeros((64, 10)), np.zeros(64, np.int64)))
+
+
+def test_the_digits_cnn_trains_in_the_lab_on_its_own_data(strategy):
+    """`ld.Lab(model=ld.lab.DigitsCNN())` with no data: the digits; it learns under the
+    mirrored replicas and goes on after a switch to asynchronous parameter servers."""
+    with ld.Lab(strategy, model=ld.lab.DigitsCNN(), learning_rate=0.5) as lab:
+        assert lab.track == ["conv_kernel[0]", "conv_kernel[1]", "conv_bias[0]",
+                             "conv_bias[1]"]
+        lab.step(60)
+        losses = lab.history.global_loss
+        assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5]), losses
+        sent = {}  # compression pays on a model this size: bytes a replica sends a step
+        for compression in ("none", "fp16", "topk", "powersgd"):
+            lab.set(compression=compression)
+            lab.step(3)
+            sent[compression] = lab.history.sent[-1][0]
+        assert sent["none"] == 810 * 8 and sent["fp16"] == 810 * 2, sent
+        assert sent["topk"] < sent["fp16"] and sent["powersgd"] < sent["none"], sent
+        lab.set(compression="none", kind="ps_async")
+        lab.step(20)
+        assert lab.config.kind.value == "ps_async" and lab.step_count == 92
+        assert np.isfinite(lab.history.global_loss[-20:]).all()
