@@ -510,7 +510,7 @@ def test_digits_cnn_gives_its_layers_gradients():
         flat = params[name].reshape(-1)
         picked = rng.choice(flat.size, min(flat.size, 6), replace=False)
 
-        def f(values, name=name, picked=picked):
+        def f(values, name=name, picked=picked, flat=flat):
             changed = dict(params)
             p = flat.copy()
             p[picked] = values
