@@ -9,7 +9,6 @@ import copy
 import logging
 from typing import Any
 
-import dask
 from distributed import Client, LocalCluster, Security
 
 from labdist import interrupts
@@ -17,11 +16,9 @@ from labdist.cluster import capacity, main_module, reaper, threads
 from labdist.cluster.probe import probe_scheduler
 from labdist.devices import pinning_backend
 from labdist.errors import ClusterConnectionError
-from labdist.replica import memory
 from labdist.shm import doorbell
 
 DASHBOARD = "127.0.0.1:0"  # the embedded cluster's dashboard: this machine only, any port
-MALLOC_TRIM, MALLOC_MMAP = memory.TRIM, memory.MMAP  # (replica/memory.py says why)
 
 
 def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | None = None):
@@ -45,16 +42,12 @@ def start_local_cluster(n_workers: int, device: str = "cpu", gpus: list[str] | N
             f"its own. Ask for at most {len(gpus)} replicas, or pass device='cpu'")
     doorbell.spin_seconds()  # a bad LABDIST_SPIN_US fails here, before any worker starts
     threads.export(n_workers)  # BLAS threads: the cores split among the replicas
-    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=64 KiB, which makes numpy temporaries ~2x
-    # slower; glibc's own trimming still hands a step's freed temporaries back to the kernel,
-    # so the next step page-faults them in again (54 faults a step per replica, fit 784-512-10
-    # at batch 256, against 13 with these: issue 26). A replica's steps need the same memory
-    # every step: keep it (arrays up to 32 MiB from the heap, trimmed past 1 GiB free).
-    environ = "distributed.nanny.pre-spawn-environ."
-    spawn_environ = {environ + "MALLOC_TRIM_THRESHOLD_": MALLOC_TRIM,
-                     environ + "MALLOC_MMAP_THRESHOLD_": MALLOC_MMAP}
+    # glibc's memory thresholds (Dask's nanny makes a step's temporaries page-fault in again
+    # every step) are set by each replica itself when it starts (replica/memory.py), not
+    # through the nanny's pre-spawn environment: the nanny writes that into this process's
+    # own os.environ, where every LocalCluster the user starts later would inherit it.
     # the kernel's interrupt (■) goes to its whole process group: never to the workers
-    with dask.config.set(spawn_environ), interrupts.deaf_children():
+    with interrupts.deaf_children():
         options = dict(threads_per_worker=1, dashboard_address=DASHBOARD,
                        silence_logs=logging.ERROR)
         if gpus and pinning.real_gpus:

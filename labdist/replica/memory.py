@@ -3,9 +3,10 @@
 glibc hands freed memory back to the kernel eagerly (and Dask's nanny makes it more eager
 still, `MALLOC_TRIM_THRESHOLD_=64 KiB`), so each step page-faults its temporaries in again.
 A replica's steps need the same memory every step, so it asks glibc to keep it: arrays up to
-32 MiB come from the heap, and the heap is trimmed only past 1 GiB free. The embedded cluster
-sets the same through the workers' environment; `mallopt` sets it at run time in a worker
-labdist did not start (a `dask worker`, the user's `LocalCluster`).
+32 MiB come from the heap, and the heap is trimmed only past 1 GiB free. `mallopt` sets it
+at run time, alike on the embedded cluster and on workers labdist did not start (a `dask
+worker`, the user's `LocalCluster`); never through the nanny's environment, which Dask also
+writes into the driver's own `os.environ`.
 """
 
 from __future__ import annotations

@@ -45,3 +45,25 @@ def test_replicas_on_a_users_local_cluster_keep_their_step_memory(monkeypatch):
         finally:
             strategy.close()
     assert all(int(k) >= 16 for k in kept), kept
+
+
+def test_the_embedded_cluster_keeps_step_memory_and_leaves_the_drivers_environment(
+        monkeypatch):
+    """The embedded cluster's replicas keep their step memory too, set in each replica (not
+    through the nanny's environment, which Dask writes into the driver's own os.environ,
+    where a LocalCluster the user starts later would inherit it)."""
+    for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    strategy = ld.MirroredStrategy(num_replicas=2)
+    try:
+        kept = strategy.experimental_local_results(
+            strategy.run(heap_kept_after_a_16_mib_temporary))
+    finally:
+        strategy.close()
+    assert all(int(k) >= 16 for k in kept), kept
+    import os
+
+    from labdist.replica import memory
+
+    assert os.environ.get("MALLOC_TRIM_THRESHOLD_") != str(memory.TRIM)
+    assert os.environ.get("MALLOC_MMAP_THRESHOLD_") is None
