@@ -2,7 +2,10 @@
 
 `slots(param)` makes the optimizer's state for a parameter (host arrays, stored by the model);
 `apply(xp, param, grad, slots, step)` updates `param` and `slots` in place (weight decay
-first, then the optimizer's own `update`); `step` counts updates from 1. In a custom loop,
+first, then the optimizer's own `update`); `step` counts updates from 1. `squared`, where
+given, is what the rules that square the gradient take instead of grad * grad: an embedding
+table's sum of squared per-lookup slices, as Keras 3 squares TensorFlow's IndexedSlices slice
+by slice (layers/base.py `sliced`). In a custom loop,
 `build(variables)` and `apply_gradients(grads_and_vars)` are TensorFlow's calls
 (custom_loop.py).
 """
@@ -55,15 +58,16 @@ class Optimizer(ABC):
         """The optimizer's state for one parameter (host arrays)."""
 
     @abstractmethod
-    def update(self, xp, param, grad, slots, step: int) -> None:
-        """This optimizer's own rule, in place on `param` and `slots`."""
+    def update(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
+        """This optimizer's own rule, in place on `param` and `slots`; a rule that squares
+        the gradient takes `squared` instead where it is given (`square`)."""
 
-    def apply(self, xp, param, grad, slots, step: int) -> None:
+    def apply(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
         """One step on one parameter: Keras' weight decay (w -= w * weight_decay * lr, on
         the summed step, once, before the update), then `update`."""
         if self.weight_decay:
             param -= param * (self.weight_decay * self.learning_rate)
-        self.update(xp, param, grad, slots, step)
+        self.update(xp, param, grad, slots, step, squared)
 
     def build(self, variables: Iterable[Any]) -> None:
         """Under `strategy.scope()`: make the state (slot variables, step count) that
@@ -115,6 +119,12 @@ class Optimizer(ABC):
         custom_loop.apply_gradients(self, grads_and_vars)
 
 
+def square(grad, squared):
+    """The gradient's square as a second moment takes it: `squared` where the gradient came
+    as slices (their squares summed, not the sum squared), else grad * grad."""
+    return grad * grad if squared is None else squared
+
+
 class SGD(Optimizer):
     """v = momentum * v - lr * g; w += v (Nesterov: w += momentum * v - lr * g)."""
 
@@ -129,7 +139,7 @@ class SGD(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"velocity": np.zeros_like(param)} if self.momentum else {}
 
-    def update(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
         lr = self.learning_rate
         if not self.momentum:
             param -= lr * grad
@@ -154,9 +164,9 @@ class Adagrad(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"accumulator": np.full_like(param, self.initial_accumulator_value)}
 
-    def update(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
         acc = slots["accumulator"]
-        acc += grad * grad
+        acc += square(grad, squared)
         param -= self.learning_rate * grad / (xp.sqrt(acc) + self.epsilon)
 
 
@@ -175,12 +185,12 @@ class Adam(Optimizer):
     def slots(self, param: np.ndarray) -> dict[str, np.ndarray]:
         return {"m": np.zeros_like(param), "v": np.zeros_like(param)}
 
-    def update(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
         b1, b2 = self.beta_1, self.beta_2
         alpha = self.learning_rate * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
         m, v = slots["m"], slots["v"]
         m += (grad - m) * (1 - b1)
-        v += (grad * grad - v) * (1 - b2)
+        v += (square(grad, squared) - v) * (1 - b2)
         param -= alpha * m / (xp.sqrt(v) + self.epsilon)
 
 
@@ -207,11 +217,11 @@ class RMSprop(Optimizer):
             out["average_gradient"] = np.zeros_like(param)
         return out
 
-    def update(self, xp, param, grad, slots, step: int) -> None:
+    def update(self, xp, param, grad, slots, step: int, squared: Any = None) -> None:
         rho = self.rho
         v = slots["velocity"]
         v *= rho
-        v += (1 - rho) * grad * grad
+        v += (1 - rho) * square(grad, squared)
         if self.centered:
             avg = slots["average_gradient"]
             avg *= rho

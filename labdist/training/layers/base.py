@@ -29,6 +29,10 @@ class Layer(ABC):
 
     input_shape: Shape | None = None
     activation: Activation | None = None
+    # parameters whose gradient TensorFlow keeps as one slice per lookup (IndexedSlices: an
+    # embedding's table); the step asks `squared_slices` for them, for the optimizers'
+    # second moments. Most layers have none: their steps make no extra work
+    sliced: frozenset[str] = frozenset()
 
     @abstractmethod
     def output_shape(self, input_shape: Shape) -> Shape:
@@ -92,6 +96,13 @@ class Layer(ABC):
         """(d loss / d input, {name: d loss / d param}). The first layer passes
         input_grad=False and gets None for the input (a gradient nobody uses); with `out`
         ({name: array}, a step's persistent buffer) the parameter gradients go there."""
+
+    def squared_slices(self, xp, cache, dy, out: dict) -> None:
+        """For each parameter in `sliced`: the sum, per element, of its lookups' squared
+        gradient slices (what Keras 3's Adam, Adagrad and RMSprop accumulate, not the summed
+        gradient squared), written into `out` ({name: array}); `cache` and `dy` are those
+        `backward` gets."""
+        return None
 
     @abstractmethod
     def get_config(self) -> dict[str, Any]:

@@ -15,6 +15,8 @@ class Embedding(Layer):
     table (Keras' uniform(-0.05, 0.05) initial values). An id outside the table is refused
     before training starts (`check_input_values`), as TensorFlow refuses it on a CPU."""
 
+    sliced = frozenset({"embeddings"})  # one gradient slice per lookup, as TensorFlow's
+
     def __init__(self, input_dim: int, output_dim: int,
                  input_shape: tuple[int, ...] | None = None):
         self.input_dim = checks.integer("input_dim", input_dim, 1)
@@ -47,16 +49,24 @@ class Embedding(Layer):
     def backward(self, xp, params, cache, dy, input_grad: bool = True, out: dict | None = None):
         """The table's gradient: each looked-up row gets the sum of its lookups' gradients
         (rows never looked up get zeros); the ids themselves have no gradient."""
-        ids = cache
+        grad = out["embeddings"] if out is not None else xp.empty_like(params["embeddings"])
+        self._per_row(xp, cache, dy, grad)
+        return (xp.zeros(cache.shape, dtype=dy.dtype) if input_grad else None), \
+            {"embeddings": grad}
+
+    def squared_slices(self, xp, cache, dy, out: dict) -> None:
+        """Each row's sum of its lookups' squared gradients: what Keras 3's second moments
+        take from TensorFlow's IndexedSlices (squared slice by slice, then summed)."""
+        self._per_row(xp, cache, dy * dy, out["embeddings"])
+
+    def _per_row(self, xp, ids, dy, into) -> None:
+        """`dy` (one row per lookup) summed per looked-up id into `into` (zeros elsewhere)."""
         # one bincount over (id, column) pairs: every array module has it (cupy's has no
         # ufunc.at everywhere); it sums in float64, then the table's dtype
         cells = (ids.reshape(-1, 1) * self.output_dim + xp.arange(self.output_dim)).reshape(-1)
         sums = xp.bincount(cells, weights=dy.reshape(-1),
                            minlength=self.input_dim * self.output_dim)
-        grad = out["embeddings"] if out is not None else xp.empty_like(params["embeddings"])
-        grad[...] = sums.reshape(self.input_dim, self.output_dim)
-        return (xp.zeros(ids.shape, dtype=dy.dtype) if input_grad else None), \
-            {"embeddings": grad}
+        into[...] = sums.reshape(self.input_dim, self.output_dim)
 
     def get_config(self) -> dict[str, Any]:
         return {"input_dim": self.input_dim, "output_dim": self.output_dim,

@@ -104,22 +104,27 @@ class RoundState:
 
 
 def local_step(ctx, optimizer, grads: list, params: list, slots: list[dict], step: int,
-               state: RoundState, owned: bool = False) -> None:
+               state: RoundState, owned: bool = False, squares: list | None = None) -> None:
     """One inner step on this replica alone, closing the round after `local_steps` of them.
     `grads` are the mirrored step's (this replica's share of the global batch's gradient):
     scaled by the replica count, the sum over replicas of one inner step is the mirrored
     step, so H = 1 with outer SGD(1) is mirrored training. `owned`: the gradients are the
-    caller's own to overwrite (fit's, not a user's arrays)."""
+    caller's own to overwrite (fit's, not a user's arrays). `squares` (per gradient, None
+    where it has none): this replica's squared slices (fit's, owned), scaled by n * n as
+    the slices they square are by n."""
     n = ctx.num_replicas_in_sync
+    squares = squares if squares is not None else [None] * len(grads)
 
     def update() -> None:
-        for p, g, s in zip(params, grads, slots, strict=True):
+        for p, g, s, sq in zip(params, grads, slots, squares, strict=True):
             g = g.reshape(-1)
             if owned:
                 g *= n  # the step's own gradient: scaled in place, no temporary
             else:
                 g = g * n
-            optimizer.apply(ctx.xp, p, g, s, step)
+            if sq is not None:
+                sq *= n * n
+            optimizer.apply(ctx.xp, p, g, s, step, sq)
 
     inner_step(ctx, state, params, update)
 

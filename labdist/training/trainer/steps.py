@@ -81,16 +81,18 @@ class TrainStep:
 
     def gradients(self, xp, backend, params: list[dict], x, y, rank: int, iteration: int,
                   total: int, out: list[dict] | None = None, ready=None,
-                  states: list[dict] | None = None) -> tuple[list[dict], Any]:
+                  states: list[dict] | None = None,
+                  squares: list[dict] | None = None) -> tuple[list[dict], Any]:
         """Gradients of (sum of this shard's losses) / `total` at `params` (per layer: {name:
         array}; written into `out` where given), and [loss sum, each metric's sum];
         `iteration` counts from 1 and seeds dropout; `ready(i)` after layer i's backward
         (and `ready.abandon()`, where it has one, if the backward pass raises); `states`:
-        this replica's copies of the layers' state, updated in place."""
+        this replica's copies of the layers' state, updated in place; `squares` (per layer:
+        {name: array} of its `sliced` parameters): filled with their squared slices."""
         rng = DeviceRNG(backend, (self.seed, rank, iteration))
         y, weight = split_weights(y, self.targets)
         return gradients(xp, self.layers, params, self.loss, x, y, rng, len(x), total,
-                         self.metrics, out, ready, states, weight)
+                         self.metrics, out, ready, states, weight, squares)
 
     def round_state(self, ctx, names: list, local: bool) -> diloco.RoundState | None:
         """This replica's local-SGD round, where local SGD is on or a round is still open."""
@@ -179,6 +181,12 @@ class _Loop:
         self.flat_slots = [{s: ctx.local_copy(v).reshape(-1)
                             for s, v in step.slots[i][k].items()} for i, k in names]
         self.out = gradient_buffer(ctx, params)  # the gradients' persistent buffer
+        # an embedding's squared lookup slices, for the second moments (None: no layer has
+        # sliced gradients, the step does nothing more)
+        self.squares = squares_buffer(ctx, step.layers, params)
+        self.flat_squares = None if self.squares is None else [
+            self.squares[i][k].reshape(-1) if k in self.squares[i] else None
+            for i, k in names]
         self.width = 1 + len(step.metrics)
         self.extra = int(stop_column)
         self.stats = xp.zeros(self.width + self.extra, dtype=xp.float64)
@@ -200,7 +208,9 @@ class _Loop:
         last = first_iteration + len(totals)
         # a layer that talks to the other replicas mid-step (synchronized batch norm) keeps
         # the step's collectives on this thread, in one order on every replica
-        buckets = None if local or state is not None or step_obj.makes_collectives \
+        squares = self.flat_squares
+        buckets = None if (local or state is not None or step_obj.makes_collectives
+                           or squares is not None) \
             else overlap.Buckets.make(
             ctx, "the training step's gradients", step_obj.optimizer, names, self.out,
             flat_params, flat_slots, first_iteration + 1, apply_summed)
@@ -208,12 +218,13 @@ class _Loop:
                                                start=first_iteration + 1):
             grads, local_stats = step_obj.gradients(xp, ctx.backend, self.params, x, y,
                                                     ctx.replica_id_in_sync_group, step, total,
-                                                    self.out, buckets, self.states)
+                                                    self.out, buckets, self.states,
+                                                    self.squares)
             grads = [grads[i][k] for i, k in names]
             row = step - first_iteration - 1
             if local:  # this replica's own step; the figures are summed once, below
                 diloco.local_step(ctx, step_obj.optimizer, grads, flat_params, flat_slots,
-                                  step, state, owned=True)
+                                  step, state, owned=True, squares=squares)
                 history[row, :width] = local_stats
                 continue
             if state is not None:  # local SGD was just turned off: close its round first
@@ -228,7 +239,8 @@ class _Loop:
             else:
                 self.sharded |= apply_summed(ctx, "the training step's gradients",
                                              step_obj.optimizer, grads, flat_params,
-                                             flat_slots, step, rider=(rider, self.stats))
+                                             flat_slots, step, rider=(rider, self.stats),
+                                             squares=squares)
             ctx.communication.synced_steps += 1
             history[row] = self.stats
         if state is not None:
@@ -249,24 +261,55 @@ class _Loop:
 
 
 def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: list[dict],
-                 step: int, rider: tuple | None = None) -> bool:
+                 step: int, rider: tuple | None = None, squares: list | None = None) -> bool:
     """Sum `grads` over the replicas and apply `optimizer`'s step to `params` (flat, this
     replica's copies) and their `slots`, segment by segment as the reduce-scatter hands them
-    out; `rider`: (array, target) summed along and stored (fit's loss and accuracy). Returns
-    whether the step was partitioned: the slots then need `ctx.gather_segments`, once the
-    caller's steps are done (each rank updated only its own segment of them)."""
+    out; `rider`: (array, target) summed along and stored (fit's loss and accuracy);
+    `squares` (flat, per gradient, None where it has none): sliced gradients' squared slices,
+    summed over the replicas first (TensorFlow gathers every replica's slices) and given to
+    the optimizer's second moments. Returns whether the step was partitioned: the slots then
+    need `ctx.gather_segments`, once the caller's steps are done (each rank updated only its
+    own segment of them)."""
     xp, n = ctx.xp, len(params)
+    squared = summed_squares(ctx, what, squares) if squares is not None else [None] * n
 
     def update(j, lo, hi, summed):
         if j == n:
             rider[1][lo:hi] = summed
             return
+        sq = squared[j]
         optimizer.apply(xp, params[j][lo:hi], summed,
-                        {s: a[lo:hi] for s, a in slots[j].items()}, step)
+                        {s: a[lo:hi] for s, a in slots[j].items()}, step,
+                        None if sq is None else sq[lo:hi])
 
     if rider is None:
         return ctx.reduce_apply(what, grads, params, update, gradients=n)
     return ctx.reduce_apply(what, [*grads, rider[0]], [*params, rider[1]], update, gradients=n)
+
+
+def summed_squares(ctx, what: str, squares: list) -> list:
+    """`squares` (flat arrays or None) summed over the replicas in one all-reduce, in place
+    of the arrays; the Nones stay."""
+    present = [s for s in squares if s is not None]
+    summed = iter(ctx.reduce_arrays(f"{what}' squared slices", present, ReduceOp.SUM))
+    return [None if s is None else next(summed).reshape(-1) for s in squares]
+
+
+def squares_buffer(ctx, layers: list, params: list[dict]) -> list[dict] | None:
+    """Per layer, {name: array} for its `sliced` parameters' squared slices, views of one
+    buffer this replica keeps across steps; None where no layer has a sliced parameter."""
+    if not any(layer.sliced for layer in layers):
+        return None
+    wanted = [(i, k) for i, layer in enumerate(layers) for k in sorted(layer.sliced)]
+    arrays = [params[i][k] for i, k in wanted]
+    key = ("squared slices", tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
+    flat = ctx.persistent_buffer(key, sum(a.size for a in arrays), arrays[0].dtype)
+    views: list[dict] = [{} for _ in layers]
+    at = 0
+    for (i, k), a in zip(wanted, arrays, strict=True):
+        views[i][k] = flat[at:at + a.size].reshape(a.shape)
+        at += a.size
+    return views
 
 
 def gradient_buffer(ctx, params: list[dict]) -> list[dict] | None:
@@ -298,12 +341,16 @@ def split_weights(y, targets: tuple | None):
 
 
 def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out=None,
-              ready=None, states=None, weight=None):
+              ready=None, states=None, weight=None, squares=None):
     """Gradients of (sum of this shard's losses) / global batch size, and [loss sum, each
     metric's sum over the shard]; with `out` (per layer: {name: array}), written there;
-    `states` (per layer: {name: array}): the layers' state, updated in place."""
+    `states` (per layer: {name: array}): the layers' state, updated in place; `squares`
+    (per layer: {name: array}): the sliced parameters' squared slices, written there."""
     if local == 0:  # an empty shard still joins the all-reduce, with zeros
         _join_without_data(xp, layers, x.shape[1:], states)
+        for layer_squares in squares or ():
+            for v in layer_squares.values():
+                v[...] = 0
         if out is not None:
             for grads in out:
                 for v in grads.values():
@@ -313,7 +360,7 @@ def gradients(xp, layers, params, loss, x, y, rng, local, total, metrics=(), out
         return grads, xp.zeros(1 + len(metrics), dtype=xp.float64)
     try:
         return _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready,
-                         states, weight)
+                         states, weight, squares)
     except BaseException:  # a bucket already handed to the helper thread: let it finish
         abandon = getattr(ready, "abandon", None)  # (its peers are in it), before we raise
         if abandon is not None:
@@ -337,7 +384,7 @@ def _join_without_data(xp, layers, sample_shape, states) -> None:
 
 
 def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, ready, states,
-              weight=None):
+              weight=None, squares=None):
     """`gradients` of a shard that is not empty."""
     caches, h = [], x
     states = states if states is not None else [None] * len(layers)
@@ -371,6 +418,8 @@ def _backward(xp, layers, params, loss, x, y, rng, local, total, metrics, out, r
     else:
         dh = dh * scale
     for i in range(start, -1, -1):
+        if squares is not None and squares[i]:  # before backward: dh is this layer's dy
+            layers[i].squared_slices(xp, caches[i], dh, squares[i])
         if out is None:
             dh, grads[i] = layers[i].backward(xp, params[i], caches[i], dh, input_grad=i > 0)
         else:

@@ -1,0 +1,86 @@
+"""Adam, Adagrad and RMSprop on an `Embedding` table under `fit`, replayed against TensorFlow
+2.21 / Keras 3.15 (tf_recorded/record_embedding_optimizers.py): the table's gradient is one
+slice per lookup, so the second moments (Adam's v, Adagrad's accumulator, RMSprop's velocity)
+take the sum of the squared slices, over every replica's lookups, while the first moments
+and the step take the summed gradient; SGD is the control. Weights and every slot are
+compared after 3 steps on 1, 2 and 3 replicas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import labdist as ld
+
+RECORDED = json.loads(Path(__file__).with_name("tf_recorded").joinpath(
+    "embedding_optimizers.json").read_text())
+
+OPTIMIZERS = {
+    "sgd": lambda: ld.optimizers.SGD(0.5),
+    "adam": lambda: ld.optimizers.Adam(0.05),
+    "adagrad": lambda: ld.optimizers.Adagrad(0.2),
+    "rmsprop": lambda: ld.optimizers.RMSprop(0.01),
+    "rmsprop_centered_momentum": lambda: ld.optimizers.RMSprop(0.01, momentum=0.5,
+                                                              centered=True),
+}
+# Keras 3's slot names -> labdist's, per optimizer
+SLOT_NAMES = {"adam": {"momentum": "m", "velocity": "v"}}
+
+
+def test_the_recording_is_tensorflows():
+    assert RECORDED["tensorflow_version"].startswith("2.21")
+    assert set(RECORDED["fit"]) == set(OPTIMIZERS)
+    x = np.asarray(RECORDED["x"])
+    assert (x[:, 0] == x[:, 1]).all()  # every sample looks one row up twice, at least
+
+
+def _fit(name: str, strategy) -> ld.models.Sequential:
+    x = np.asarray(RECORDED["x"], np.float32)
+    y = np.asarray(RECORDED["y"], np.int64)
+    with strategy.scope():
+        model = ld.models.Sequential([
+            ld.Input((x.shape[1],)),
+            ld.layers.Embedding(7, 3),
+            ld.layers.GlobalAveragePooling1D(),
+            ld.layers.Dense(2),
+        ])
+        model.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
+        model.compile(optimizer=OPTIMIZERS[name](),
+                      loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=RECORDED["batch_size"], epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def _check(model, strategy, name: str, recorded: dict) -> None:
+    for got, want in zip(model.get_weights(), recorded["after"], strict=True):
+        np.testing.assert_allclose(got, np.asarray(want), rtol=2e-5, atol=2e-6)
+    rename = SLOT_NAMES.get(name, {})
+    for w, want in zip(model.trainable_weights, recorded["slots"], strict=True):
+        slots = model.optimizer.slot_variables.get(w.id, {})
+        assert set(slots) == {rename.get(k, k) for k in want}, w.name
+        for k, values in want.items():  # every replica's copy of the slot
+            for copy in strategy.experimental_local_results(slots[rename.get(k, k)]):
+                np.testing.assert_allclose(np.asarray(copy), np.asarray(values), rtol=2e-5,
+                                           atol=2e-6, err_msg=f"{w.name} {k}")
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_one_replica_matches_tensorflow(name):
+    strategy = ld.OneDeviceStrategy("cpu")
+    try:
+        _check(_fit(name, strategy), strategy, name, RECORDED["fit"][name]["1"])
+    finally:
+        strategy.close()
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_two_replicas_match_tensorflow(name, mirrored2):
+    _check(_fit(name, mirrored2), mirrored2, name, RECORDED["fit"][name]["2"])
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_three_replicas_match_tensorflow(name, mirrored3):
+    _check(_fit(name, mirrored3), mirrored3, name, RECORDED["fit"][name]["3"])
