@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_strategy
 
 import labdist as ld
 
@@ -84,3 +85,50 @@ def test_two_replicas_match_tensorflow(name, mirrored2):
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_three_replicas_match_tensorflow(name, mirrored3):
     _check(_fit(name, mirrored3), mirrored3, name, RECORDED["fit"][name]["3"])
+
+
+@pytest.fixture
+def local2():
+    """mirrored-2, with local SGD turned off again afterwards."""
+    strategy = make_strategy("mirrored-2")
+    yield strategy
+    strategy.set_local_sgd(None)
+
+
+def test_a_local_step_squares_this_replicas_own_slices(local2):
+    """Local SGD: each replica's inner Adagrad step is a one-replica step on its own shard
+    (its gradient and its squared slices scaled to its shard), so with one local step and
+    outer SGD(1) the weights are the mean of two one-replica fits, and each replica's
+    accumulator is its own fit's."""
+    x = np.asarray(RECORDED["x"], np.float32)[:12]
+    y = np.asarray(RECORDED["y"], np.int64)[:12]
+
+    def model(strategy):
+        with strategy.scope():
+            m = ld.models.Sequential([ld.Input((x.shape[1],)), ld.layers.Embedding(7, 3),
+                                      ld.layers.GlobalAveragePooling1D(), ld.layers.Dense(2)])
+            m.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
+            m.compile(optimizer=ld.optimizers.Adagrad(0.2),
+                      loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    alone = []
+    one = ld.OneDeviceStrategy("cpu")
+    try:
+        for half in (slice(0, 6), slice(6, 12)):
+            m = model(one)
+            m.fit(x[half], y[half], batch_size=6, epochs=1, shuffle=False, verbose=0)
+            table = m.trainable_weights[0]
+            accumulator = m.optimizer.slot_variables[table.id]["accumulator"]
+            alone.append((m.get_weights(), one.experimental_local_results(accumulator)[0]))
+    finally:
+        one.close()
+    local2.set_local_sgd(1, ld.optimizers.SGD(1.0))
+    m = model(local2)
+    m.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    for got, *each in zip(m.get_weights(), alone[0][0], alone[1][0], strict=True):
+        np.testing.assert_allclose(got, np.mean(each, axis=0), rtol=1e-5, atol=1e-6)
+    accumulator = m.optimizer.slot_variables[m.trainable_weights[0].id]["accumulator"]
+    for copy, (_, want) in zip(local2.experimental_local_results(accumulator), alone,
+                               strict=True):
+        np.testing.assert_allclose(np.asarray(copy), np.asarray(want), rtol=1e-5, atol=1e-7)
