@@ -271,13 +271,13 @@ def apply_summed(ctx, what: str, optimizer, grads: list, params: list, slots: li
     need `ctx.gather_segments`, once the caller's steps are done (each rank updated only its
     own segment of them)."""
     xp, n = ctx.xp, len(params)
-    squared = summed_squares(ctx, what, squares) if squares is not None else [None] * n
+    squared = None if squares is None else summed_squares(ctx, what, squares)
 
     def update(j, lo, hi, summed):
         if j == n:
             rider[1][lo:hi] = summed
             return
-        sq = squared[j]
+        sq = None if squared is None else squared[j]
         optimizer.apply(xp, params[j][lo:hi], summed,
                         {s: a[lo:hi] for s, a in slots[j].items()}, step,
                         None if sq is None else sq[lo:hi])
