@@ -147,6 +147,8 @@ export function hoverEvents(canvas, s) {
 // A chart's view: a title, a line under it (`header(box, model)` fills it), and the canvas.
 // `apply(s, msg)` folds a kernel message into the state `s`; `draw(el, canvas, model, s)` paints
 // it. `el.labdist` is the state (tests and benchmarks read it: updates, draws, drawMs).
+const OUT_OF_VIEW_MS = 250; // a chart out of view is drawn at most 4 times a second
+
 export function mountChart({ model, el }, { name, state, apply, draw, header }) {
   const s = { ...state, updates: 0, draws: 0, drawMs: 0 };
   el.classList.add("labdist-chart", `labdist-${name}`);
@@ -164,15 +166,34 @@ export function mountChart({ model, el }, { name, state, apply, draw, header }) 
   hoverEvents(canvas, s);
   el.labdist = s;
   let scheduled = false;
+  // a chart out of view (scrolled away, or its panel hidden) is drawn at most OUT_OF_VIEW_MS
+  // apart, not with every message: the page's one main thread then has the time for the
+  // kernel's messages and for the charts one sees (on 2 cores it had neither)
+  let visible = true, lastDraw = -Infinity, timer = null;
   const frame = () => {
     scheduled = false;
+    lastDraw = performance.now();
     const t0 = performance.now();
     draw(el, canvas, model, s);
     s.draws += 1;
     s.drawMs += performance.now() - t0;
     el.dataset.draws = String(s.draws);
   };
-  const invalidate = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(frame); } };
+  const invalidate = () => {
+    if (scheduled || timer !== null) return;
+    const wait = visible ? 0 : OUT_OF_VIEW_MS - (performance.now() - lastDraw);
+    if (wait <= 0) {
+      scheduled = true;
+      requestAnimationFrame(frame);
+    } else {
+      timer = setTimeout(() => { timer = null; invalidate(); }, wait);
+    }
+  };
+  const seen = new IntersectionObserver((entries) => {
+    visible = entries[entries.length - 1].isIntersecting;
+    if (visible && timer !== null) { clearTimeout(timer); timer = null; invalidate(); }
+  });
+  seen.observe(canvas);
   const onMsg = (msg) => { apply(s, msg); s.updates += 1; invalidate(); };
   const onChange = () => {
     title.textContent = model.get("title");
@@ -192,5 +213,7 @@ export function mountChart({ model, el }, { name, state, apply, draw, header }) 
     model.off("msg:custom", onMsg);
     model.off("change", onChange);
     resize.disconnect();
+    seen.disconnect();
+    if (timer !== null) clearTimeout(timer);
   };
 }
