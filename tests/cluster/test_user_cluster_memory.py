@@ -7,11 +7,13 @@ stays in the heap for the next step."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 from distributed import Client, LocalCluster
 
 import labdist as ld
+from labdist.replica import memory
 
 
 def heap_kept_after_a_16_mib_temporary() -> int:
@@ -29,6 +31,15 @@ def heap_kept_after_a_16_mib_temporary() -> int:
     return int(libc.mallinfo2().fordblks >> 20)
 
 
+def kept_by_replicas(strategy) -> list[int]:
+    """Each replica's `heap_kept_after_a_16_mib_temporary`, the strategy closed after."""
+    try:
+        return [int(k) for k in strategy.experimental_local_results(
+            strategy.run(heap_kept_after_a_16_mib_temporary))]
+    finally:
+        strategy.close()
+
+
 def test_replicas_on_a_users_local_cluster_keep_their_step_memory(monkeypatch):
     # a user's own process: none of the thresholds an embedded cluster's nanny left in this
     # (the test) process's environment, so the workers get Dask's own 64 KiB
@@ -38,13 +49,8 @@ def test_replicas_on_a_users_local_cluster_keep_their_step_memory(monkeypatch):
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         plain = client.run(heap_kept_after_a_16_mib_temporary)  # the nanny's setting
         assert all(kept < 16 for kept in plain.values()), plain
-        strategy = ld.MirroredStrategy(cluster=client)
-        try:
-            kept = strategy.experimental_local_results(
-                strategy.run(heap_kept_after_a_16_mib_temporary))
-        finally:
-            strategy.close()
-    assert all(int(k) >= 16 for k in kept), kept
+        kept = kept_by_replicas(ld.MirroredStrategy(cluster=client))
+    assert all(k >= 16 for k in kept), kept
 
 
 def test_the_embedded_cluster_keeps_step_memory_and_leaves_the_drivers_environment(
@@ -54,16 +60,8 @@ def test_the_embedded_cluster_keeps_step_memory_and_leaves_the_drivers_environme
     where a LocalCluster the user starts later would inherit it)."""
     for name in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"):
         monkeypatch.delenv(name, raising=False)
-    strategy = ld.MirroredStrategy(num_replicas=2)
-    try:
-        kept = strategy.experimental_local_results(
-            strategy.run(heap_kept_after_a_16_mib_temporary))
-    finally:
-        strategy.close()
-    assert all(int(k) >= 16 for k in kept), kept
-    import os
-
-    from labdist.replica import memory
+    kept = kept_by_replicas(ld.MirroredStrategy(num_replicas=2))
+    assert all(k >= 16 for k in kept), kept
 
     assert os.environ.get("MALLOC_TRIM_THRESHOLD_") != str(memory.TRIM)
     assert os.environ.get("MALLOC_MMAP_THRESHOLD_") is None

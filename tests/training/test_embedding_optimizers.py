@@ -104,13 +104,7 @@ def test_a_local_step_squares_this_replicas_own_slices(local2):
     y = np.asarray(RECORDED["y"], np.int64)[:12]
 
     def model(strategy):
-        with strategy.scope():
-            m = ld.models.Sequential([ld.Input((x.shape[1],)), ld.layers.Embedding(7, 3),
-                                      ld.layers.GlobalAveragePooling1D(), ld.layers.Dense(2)])
-            m.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
-            m.compile(optimizer=ld.optimizers.Adagrad(0.2),
-                      loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return m
+        return _recorded_model(strategy, x.shape[1], ld.optimizers.Adagrad(0.2))
 
     alone = []
     one = ld.OneDeviceStrategy("cpu")
@@ -141,12 +135,7 @@ def test_an_uneven_split_with_an_empty_shard_gives_the_one_replica_step(mirrored
     y = np.asarray(RECORDED["y"], np.int64)[:14]
 
     def fit(strategy):
-        with strategy.scope():
-            m = ld.models.Sequential([ld.Input((x.shape[1],)), ld.layers.Embedding(7, 3),
-                                      ld.layers.GlobalAveragePooling1D(), ld.layers.Dense(2)])
-            m.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
-            m.compile(optimizer=ld.optimizers.Adam(0.05),
-                      loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
+        m = _recorded_model(strategy, x.shape[1], ld.optimizers.Adam(0.05))
         m.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
         v = m.optimizer.slot_variables[m.trainable_weights[0].id]["v"]
         return m.get_weights(), strategy.experimental_local_results(v)
@@ -164,3 +153,14 @@ def test_an_uneven_split_with_an_empty_shard_gives_the_one_replica_step(mirrored
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
     for copy in got_v:
         np.testing.assert_allclose(np.asarray(copy), np.asarray(want_v), rtol=1e-4, atol=1e-10)
+
+
+def _recorded_model(strategy, length: int, optimizer):
+    """The recordings' model (ids of `length` per sample), with their initial weights."""
+    with strategy.scope():
+        m = ld.models.Sequential([ld.Input((length,)), ld.layers.Embedding(7, 3),
+                                  ld.layers.GlobalAveragePooling1D(), ld.layers.Dense(2)])
+        m.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
+        m.compile(optimizer=optimizer,
+                  loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
