@@ -12,6 +12,7 @@ comparison, file and line.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,15 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def parsed(root: Path) -> tuple[tuple[Path, ast.Module], ...]:
+    """Every module under `root`, parsed once per session: the rules only read the trees
+    (the real tree takes seconds to parse; each fake package in tmp_path has a root of its
+    own, so it is parsed after it was written)."""
+    return tuple((path, ast.parse(path.read_text(), filename=str(path)))
+                 for path in sorted(root.rglob("*.py")))
+
+
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     lines: set[int] = set()
     for node in ast.walk(tree):
@@ -85,15 +95,15 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 def imports_of(root: Path) -> list[Import]:
     """Every labdist-internal import under `root` (a package directory named labdist)."""
     found = []
-    for path in sorted(root.rglob("*.py")):
+    for path, tree in parsed(root):
         source = module_name(path, root)
-        tree = ast.parse(path.read_text(), filename=str(path))
         skip = _type_checking_lines(tree)
         package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+        relative = path.relative_to(root.parent)
         for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
+            if not isinstance(node, ast.Import | ast.ImportFrom) or node.lineno in skip:
                 continue
-            where = f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
+            where = f"{relative}:{node.lineno}"
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.split(".")[0] == root.name:
@@ -225,8 +235,7 @@ def private_attributes(root: Path = ROOT) -> list[str]:
     name), and an offence otherwise: the object is another package's (or another library's,
     save `DOCUMENTED_PRIVATE`). A name both packages define is not caught.
     """
-    trees = {module_name(p, root): (p, ast.parse(p.read_text(), filename=str(p)))
-             for p in sorted(root.rglob("*.py"))}
+    trees = {module_name(p, root): (p, tree) for p, tree in parsed(root)}
     defined: dict[str, set[str]] = {}
     for module, (_, tree) in trees.items():
         defined.setdefault(package_of(module), set()).update(_defined_names(tree))
@@ -276,12 +285,13 @@ def backend_checks(root: Path = ROOT) -> list[str]:
     class named (as a name, an attribute, an import or inside a string)."""
     inside = f"{root.name}.devices"
     found = []
-    for path in sorted(root.rglob("*.py")):
+    for path, tree in parsed(root):
         module = module_name(path, root)
         if module == inside or module.startswith(inside + "."):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            where = f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', 0)}"
+        relative = path.relative_to(root.parent)
+        for node in ast.walk(tree):
+            where = f"{relative}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Compare | ast.MatchValue):
                 operands = ([node.left, *node.comparators] if isinstance(node, ast.Compare)
                             else [node.value])
