@@ -4,7 +4,9 @@ venv from binder/requirements.txt, then binder/postBuild — is complete: every 
 notebook imports imports there, the lab notebook (where Binder opens) runs top to bottom, and
 JupyterLab opens on it. What each notebook shows is checked by tests/app/test_notebooks.py,
 which runs every one of them in the test environment (the same pins, plus the test extra):
-running them all a second time here cost two minutes of CI for no other check.
+running them all a second time here cost two minutes of CI for no other check. The lab notebook
+is the exception: it runs only here, with every check tests/lab/test_lab_notebook.py makes
+(tests/lab_notebook.py), and that test skips when this module's is selected too.
 
 Slow (a pip install of the pinned stack, ~1.5 min from pip's cache, which these tests use
 and fill), so it runs once per CI and the environment is shared by the module's tests.
@@ -25,12 +27,13 @@ import tomllib
 from pathlib import Path
 
 import jupyter_server
+import lab_notebook
 import nbformat
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from test_notebooks import NOTEBOOKS, execute
+from test_notebooks import NOTEBOOKS
 
 REPO = Path(__file__).resolve().parents[2]
 BINDER = REPO / "binder"
@@ -166,11 +169,10 @@ def test_every_module_a_notebook_imports_is_there(binder_venv: Path):
 
 
 def test_the_lab_notebook_runs_in_the_binder_environment(binder_venv: Path, tmp_path):
-    path = REPO / LAB_URL.removeprefix("/lab/tree/")
-    nb = execute(path, tmp_path, python=str(binder_venv / "bin" / "python"))
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-              if o.output_type == "error"]
-    assert not errors, errors
+    """Every check tests/lab/test_lab_notebook.py makes on the lab notebook, made here in the
+    Binder venv; that test skips when this one is selected too (see tests/lab_notebook.py)."""
+    assert REPO / LAB_URL.removeprefix("/lab/tree/") == lab_notebook.NOTEBOOK
+    lab_notebook.run_and_check(tmp_path, python=str(binder_venv / "bin" / "python"))
 
 
 def test_jupyterlab_opens_the_lab_notebook(binder_venv: Path, tmp_path):

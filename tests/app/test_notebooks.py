@@ -1,6 +1,7 @@
 """Every notebook in notebooks/ is committed without outputs, stays so when `labdist lab` saves
-it, and runs top to bottom, headless, in a real kernel of this interpreter (nbclient). New
-notebooks are picked up automatically."""
+it, and runs top to bottom, headless, in a real kernel of this interpreter (nbclient); the lab
+notebook, 00_lab.ipynb, runs once per session elsewhere, with these checks and more (see
+RUN_HERE). New notebooks are picked up automatically."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import lab_notebook
 import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
@@ -18,6 +20,10 @@ from nbclient import NotebookClient
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+# The notebooks run here. The lab's, 00_lab.ipynb, runs once per session elsewhere, with these
+# checks and more (lab_notebook.run_and_check): in the Binder venv by tests/app/test_binder.py
+# when that is selected, else in this venv by tests/lab/test_lab_notebook.py.
+RUN_HERE = [p for p in NOTEBOOKS if p != lab_notebook.NOTEBOOK]
 CELL_TIMEOUT_S = 180  # one cell
 NOTEBOOK_TIMEOUT_S = 300  # a whole notebook, kernel start included
 _LINK = re.compile(r"\]\(([^)#\s]+\.ipynb)(?:#[^)]*)?\)")
@@ -83,8 +89,9 @@ def test_links_between_notebooks_resolve(path: Path):
 
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT_S)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("path", RUN_HERE, ids=_ids(RUN_HERE))
 def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path):
+    """Each notebook but the lab's (see RUN_HERE)."""
     nb = execute(path, tmp_path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(c.execution_count is not None for c in code)
