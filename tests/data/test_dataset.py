@@ -92,7 +92,7 @@ def test_a_distributed_dataset_feeds_a_custom_loop(mirrored2):
 
 @pytest.mark.parametrize(("make", "match"), [
     (lambda: ld.data.Dataset.from_tensor_slices((X, Y)).batch(4).repeat(),
-     r"fit: the dataset repeats forever; give a finite one"),
+     r"fit: the dataset repeats forever, so an epoch has no end; give steps_per_epoch=n"),
     (lambda: ld.data.Dataset.from_tensor_slices((X, Y)),
      r"fit: the dataset is not batched; add \.batch\(batch_size\)"),
     (lambda: ld.data.Dataset.from_tensor_slices(X).batch(4),
