@@ -327,8 +327,14 @@ class Sequential:
         """Keras has one step counter, `optimizer.iterations`: steps a custom loop's
         `apply_gradients` took count for `fit` too (Adam's bias correction reads it)."""
         counter = self._optimizer.iterations
-        if counter is not None and counter.strategy_id == self._strategy.id:
-            self._iterations = int(counter.numpy())
+        if counter is None or counter.strategy_id != self._strategy.id:
+            return
+        if self._strategy.fault_tolerance == "quorum":
+            # a replica lost since the last call is found by the first step's transaction;
+            # a read now would ask the lost worker. fit's own count goes on (it wrote the
+            # counter last, unless a custom loop stepped since: then those steps are missed)
+            return
+        self._iterations = int(counter.numpy())
 
     def _count_in_optimizer(self) -> None:
         """Keras' `model.optimizer.iterations` after `fit`: the optimizer steps the model has
