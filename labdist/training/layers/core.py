@@ -213,7 +213,6 @@ class Input:
         return f"Input(shape={self.shape})"
 
 
-
 class InputLayer(Input):
     """Keras' `InputLayer` as a `Sequential` model's first entry: `Input` by its layer name,
     taking the older `input_shape=` too (as Keras 3 still does)."""
