@@ -140,7 +140,11 @@ class DaskReplicaGroup(ActorGroup):
         return ActorStepChannel(self, collective_timeout)
 
     def lost_replicas(self) -> list[int]:
-        return [r for r in range(len(self.workers)) if self.lost(r)]
+        """The ranks whose worker is gone: the client was told so, or the scheduler no longer
+        lists the worker (the client hears of a removal a moment after the scheduler acts,
+        and `recover()` right after a loss must not find nothing lost)."""
+        present = set(self.present_workers())
+        return [r for r, w in enumerate(self.workers) if self.lost(r) or w not in present]
 
     def reform(self, num_replicas: int | None = None) -> DaskReplicaGroup:
         """A new group on the workers present now (at most `num_replicas`), which takes over
