@@ -8,6 +8,7 @@ in `input_shape`, and the weights file's suffix (labdist writes `.npz`, not Kera
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def test_distributed_training_with_keras(tmp_path, capsys):
@@ -241,10 +242,13 @@ def test_custom_training_with_tf_distribute(tmp_path, capsys):
     figures = [[float(f.split(":")[1]) for f in line.split(", ")[1:]] for line in epochs]
     losses = [f[0] for f in figures]
     assert losses[-1] < losses[0] < 2.5  # learning: the summed loss falls
-    assert figures[-1][3] > 80  # test accuracy, %, after 4 epochs
+    # test accuracy, %, after 4 epochs (80-90 in most runs, 10 by chance; the shuffle and the
+    # initial weights are not seeded, as in the tutorial)
+    assert figures[-1][3] > 70
     restored = float(out.split("without strategy: ")[1].split()[0])
-    # the checkpoint of epoch 3 (saved at epochs 1 and 3), evaluated on one host replica
-    assert restored > 75
+    # the checkpoint of epoch 3 (saved at epochs 1 and 3), evaluated on one host replica, is
+    # the model epoch 3 tested on two: the same accuracy on the same images (73-86 % seen)
+    assert restored == pytest.approx(figures[2][3], abs=1e-3) and restored > 60
 
 
 def test_multi_worker_training_with_keras(capsys):
