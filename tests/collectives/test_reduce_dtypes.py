@@ -15,9 +15,9 @@ OPS = ["SUM", "MEAN"]
 DTYPES = ["int32", "int64", "float32", "float64", "complex64"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def s():
-    return make_strategy("mirrored-2")
+    return make_strategy("mirrored-2")  # shared, but not held by the module: see turns.py
 
 
 def _vectors(s, dtype):
