@@ -5,14 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import turns
 from clusters import ExternalCluster, dask_cli_cluster
-from turns import pytest_configure, pytest_runtest_protocol  # noqa: F401 (hooks, see below)
 
 import labdist as ld
-
-# under `pytest -n`, the tests that need the machine to themselves run alone: turns.py's hooks,
-# imported above, are this conftest's
 
 _STRATEGIES: dict[str, ld.Strategy] = {}
 
@@ -41,9 +36,6 @@ def close_shared_strategies(*kinds: str) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 s.close()
-
-
-turns.BEFORE_WAITING.append(close_shared_strategies)  # idle worker processes cost a few %
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,7 +31,7 @@ import labdist as ld
 from labdist.collectives.algorithms import DIRECT_MAX_BYTES
 from labdist.shm import placed
 
-pytestmark = [pytest.mark.multihost, pytest.mark.alone]  # it times links (tests/turns.py)
+pytestmark = pytest.mark.multihost
 
 CUT_TIMEOUT_S = 4.0  # collective_timeout of the strategy whose worker loses its link
 MARGIN_S = 10.0  # what a loaded 2-core machine may add to the bounds

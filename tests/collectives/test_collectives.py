@@ -384,7 +384,6 @@ class TestRun:
         for x in mirrored2.experimental_local_results(out):
             assert_array_equal(x, [1, 2, 3])
 
-    @pytest.mark.alone  # a bound on wall time (tests/turns.py)
     def test_steps_run_concurrently(self, mirrored2):
         def step():
             time.sleep(0.5)

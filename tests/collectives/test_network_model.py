@@ -13,8 +13,6 @@ import pytest
 import labdist as ld
 from labdist.timing import timeline
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 MODEL = dict(latency="5ms", bandwidth="100MB/s")
 N = 2 << 20  # float32 elements: 8 MiB, the reduce-scatter path
 

@@ -15,9 +15,9 @@ OPS = ["SUM", "MEAN"]
 DTYPES = ["int32", "int64", "float32", "float64", "complex64"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def s():
-    return make_strategy("mirrored-2")  # shared, but not held by the module: see turns.py
+    return make_strategy("mirrored-2")
 
 
 def _vectors(s, dtype):

@@ -16,8 +16,6 @@ from labdist import network
 from labdist.lab.config import RunConfig
 from labdist.timing import timeline
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 LATENCY_S = 0.025  # long beside a step's CPU work: the rates follow the link, even under load
 
 

@@ -73,7 +73,6 @@ class Gaps(ld.callbacks.Callback):
         self.changes.append((time.monotonic(), change))
 
 
-@pytest.mark.alone  # the measured pause is bounded (tests/turns.py)
 def test_kill_one_of_three_mid_fit(tmp_path):
     (x, y), (x_val, y_val) = DIGITS
     with cli_cluster(tmp_path, 3) as cluster, ld.MultiWorkerMirroredStrategy(

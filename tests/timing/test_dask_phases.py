@@ -14,8 +14,6 @@ import pytest
 import labdist as ld
 from labdist.timing.step_report import phase_bars
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 STRAGGLE_S = 0.05
 RUNS = 10
 

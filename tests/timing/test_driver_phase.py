@@ -14,8 +14,6 @@ import pytest
 import labdist as ld
 from labdist.timing import timeline
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 STRAGGLE_S = 0.05
 TOLERANCE_S = 0.01  # the clock offsets' error: ~1 ms on a quiet machine, several on a busy one
 

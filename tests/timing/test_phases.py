@@ -14,8 +14,6 @@ import labdist as ld
 from labdist.timing import timeline
 from labdist.timing.trace import chrome_trace
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 STRAGGLE_S = 0.05
 STEPS = 12
 

@@ -16,8 +16,6 @@ import pytest
 import labdist as ld
 from labdist.timing import phases
 
-pytestmark = pytest.mark.alone  # it times what it measures (tests/turns.py)
-
 STRAGGLE_S = 0.05
 
 
