@@ -306,7 +306,7 @@ def test_multi_worker_training_with_keras(capsys):
         strategy.close()
 
     out = capsys.readouterr().out
-    assert out.count("70/70") == 3  # three epochs of 70 steps each, from a stream
-    assert len(history.history["loss"]) == 3
-    assert history.history["accuracy"][-1] > history.history["accuracy"][0]
-    assert history.history["accuracy"][-1] > 0.8
+    assert out.count("70/70") == 3, out  # three epochs of 70 steps each, from a stream
+    assert len(history.history["loss"]) == 3, history.history
+    accuracy = history.history["accuracy"]  # 0.66, 0.91, 0.94 in 12 runs (±0.005)
+    assert accuracy[-1] > accuracy[0] and accuracy[-1] > 0.8, history.history
