@@ -55,6 +55,7 @@ class ProgressBar:
         self.stream = stream or sys.stdout
         self.start = time.perf_counter()
         self._last_draw = 0.0
+        self._last_done = -1  # the count last drawn: the end is drawn once, whoever reports it
         use_widget = in_notebook() if widget is None else widget
         kit = _widgets() if (use_widget and verbose == 1) else None
         self.widget = None
@@ -72,7 +73,9 @@ class ProgressBar:
         now = time.perf_counter()
         if done < self.total and now - self._last_draw < 0.05:  # ≤ 20 redraws a second
             return
-        self._last_draw = now
+        if done >= self.total and self._last_done == done:  # the watch drew the end already
+            return
+        self._last_draw, self._last_done = now, done
         if self.widget is not None:
             self._bar.value = done
             self._label.value = f"{done}/{self.total} {_items(logs)}"

@@ -82,6 +82,19 @@ def test_bar_redraws_at_most_20_times_a_second(capsys):
     assert out.endswith("1000/1000 [========================] loss: 0.5000")
 
 
+def test_the_end_is_drawn_once_whoever_reports_it(capsys):
+    """fit's watch thread may draw the last count before the span's own report of it: a
+    console (or a log) got "70/70" twice in one epoch (the multi-worker tutorial's port)."""
+    bar = ProgressBar("Epoch 1/3", 70, verbose=1, widget=False)
+    bar.update(45, {"loss": 0.7})
+    bar.update(70, {"loss": 0.5})  # the watch, from the board's rows
+    bar.update(70, {"loss": 0.5})  # the span's return, the same rows
+    bar.finish({"loss": 0.5})
+    out = capsys.readouterr().out
+    assert out.count("70/70") == 1 and out.count("45/70") == 1
+    assert out.endswith("\rEpoch 1/3 - 0.0s - loss: 0.5000\n")
+
+
 def test_notebook_fit_shows_a_widget_not_text():
     """In a real kernel, fit displays an ipywidgets progress bar that ends full and green."""
     code = "\n".join([
