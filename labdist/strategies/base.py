@@ -418,10 +418,8 @@ class Strategy:
 
     def _reform(self, num_replicas: int | None) -> None:
         group = self.group
-        present = set(group.present_workers())
-        lost = set(group.lost_replicas())
-        alive = [r for r in range(group.num_replicas)
-                 if r not in lost and group.workers[r] in present]
+        lost = set(group.lost_replicas())  # workers the scheduler no longer lists included
+        alive = [r for r in range(group.num_replicas) if r not in lost]
         if not alive:
             raise ReplicaLostError("every replica was lost: nothing to carry over; restore "
                                    "from a checkpoint into a new strategy")

@@ -68,7 +68,7 @@ class ReplicaGroup(Protocol):
         """Replica `rank` in words, for error messages (its worker, its device)."""
 
     def lost_replicas(self) -> list[int]:
-        """The ranks whose worker is gone."""
+        """The ranks whose worker is gone (left the cluster, as its client or scheduler says)."""
 
     def present_workers(self) -> list[str]:
         """The workers the cluster has now (a re-formed group may take any of them)."""
