@@ -140,8 +140,13 @@ def _weighted(xp, values, sample_weight):
     values = values.astype(xp.float64)
     if sample_weight is None:
         return values.sum(), xp.asarray(float(values.size), dtype=xp.float64)
-    weight = xp.broadcast_to(xp.asarray(sample_weight, dtype=xp.float64).reshape(
-        (-1,) + (1,) * (values.ndim - 1)), values.shape)
+    weight = xp.asarray(sample_weight, dtype=xp.float64)
+    if values.ndim == 0:  # one value (a batch's mean loss) weighted by, say, its batch size
+        if weight.size != 1:
+            raise ValueError(f"sample_weight has shape {weight.shape} for a single value; "
+                             "give one weight")
+        return values * weight.reshape(()), weight.reshape(())
+    weight = xp.broadcast_to(weight.reshape((-1,) + (1,) * (values.ndim - 1)), values.shape)
     return (values * weight).sum(), weight.sum()
 
 

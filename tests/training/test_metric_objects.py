@@ -124,3 +124,15 @@ def test_bad_metric_settings_name_the_setting():
         ld.metrics.AUC(curve="PR")
     with pytest.raises(ValueError, match=r"num_thresholds=1 is not allowed"):
         ld.metrics.AUC(num_thresholds=1)
+
+
+def test_a_mean_of_one_value_takes_one_weight():
+    """Keras' loss tracker adds each batch's mean loss weighted by its batch size:
+    `Mean().update_state(2.0, sample_weight=5)` counts 5 samples of 2.0."""
+    mean = ld.metrics.Mean()
+    mean.update_state(2.0, sample_weight=5)
+    mean.update_state(4.0, sample_weight=15)
+    assert float(mean.result()) == pytest.approx((2 * 5 + 4 * 15) / 20)
+    assert [float(v.numpy()) for v in mean.variables] == [70.0, 20.0]
+    with pytest.raises(ValueError, match=r"sample_weight has shape \(2,\) for a single value"):
+        mean.update_state(1.0, sample_weight=[1, 2])
