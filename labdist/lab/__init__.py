@@ -5,7 +5,7 @@ from labdist.lab.config import Kind, RunConfig
 from labdist.lab.divergence import DivergenceError
 from labdist.lab.history import Event, RunHistory
 from labdist.lab.lab import Lab
-from labdist.lab.models import DigitsCNN, LabModel, Linear, SoftmaxRegression
+from labdist.lab.models import BatchNormMLP, DigitsCNN, LabModel, Linear, SoftmaxRegression
 
-__all__ = ["DigitsCNN", "DivergenceError", "Event", "Kind", "Lab", "LabModel", "Linear",
-           "RunConfig", "RunHistory", "SoftmaxRegression"]
+__all__ = ["BatchNormMLP", "DigitsCNN", "DivergenceError", "Event", "Kind", "Lab", "LabModel",
+           "Linear", "RunConfig", "RunHistory", "SoftmaxRegression"]

@@ -3,7 +3,17 @@ starts the same sequence again)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+
+class Batch(NamedTuple):
+    """One global batch; `new_epoch`: the first of an epoch (metrics start again there)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    new_epoch: bool
 
 
 class BatchStream:
@@ -21,9 +31,10 @@ class BatchStream:
         self._order = np.empty(0, int)
         self._at = 0
 
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._at + self.batch_size > len(self._order):
+    def next(self) -> Batch:
+        new_epoch = self._at + self.batch_size > len(self._order)
+        if new_epoch:
             self._order, self._at = self._rng.permutation(len(self.x)), 0
         idx = self._order[self._at:self._at + self.batch_size]
         self._at += self.batch_size
-        return self.x[idx], self.y[idx]
+        return Batch(self.x[idx], self.y[idx], new_epoch)

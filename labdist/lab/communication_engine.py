@@ -89,16 +89,19 @@ class Modes:
             self._owed = self._owed or wanted_l == (0,)
             self._local = wanted_l
 
-    def settle(self, config: RunConfig, variables: dict[str, Any]) -> list[np.ndarray] | None:
+    def settle(self, config: RunConfig, variables: dict[str, Any], state: dict[str, Any]
+               ) -> list[np.ndarray] | None:
         """The copies of `variables` are about to move (a switch of kind, synchronization or
         aggregation): turn the modes off and run one closing step that ends a DiLoCo round
         in progress with its outer step and sends the residuals owed (`replica_steps.closing_step`,
         with `config`'s learning rate), so no update is lost or applied twice. Returns every
-        replica's copy after it (None: nothing was open)."""
+        replica's copy after it, `state` (the model's, untouched) after the parameters (None:
+        nothing was open)."""
         if not self.active:
             return None
         self.close()
-        args = (variables, self.outer, config.learning_rate, config.aggregation is Agg.MEAN)
+        args = (variables, state, self.outer, config.learning_rate,
+                config.aggregation is Agg.MEAN)
         copies = self.strategy.run_transaction(replica_steps.closing_step, lambda n: args)
         self._owed = False
         return [np.array(c, np.float64) for c in copies]

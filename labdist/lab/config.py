@@ -93,6 +93,10 @@ class RunConfig:
     local_steps: local SGD / DiLoCo: each replica steps alone for this many steps, then the
         replicas average their weight change and the outer optimizer (SGD with Nesterov
         momentum `outer_momentum`, learning rate `outer_lr`) applies it (0: off).
+    synchronized_bn: batch norm sums its batch statistics across the replicas every step
+        (Keras' `synchronized=True`), so every replica's moving statistics take the same
+        update; off (default), each replica's copies follow its own slice and drift apart.
+        Models with batch norm only (`ld.lab.BatchNormMLP`).
     latency, bandwidth: a slowed-down network (`ld.NetworkModel`) on every worker, mirrored
         and parameter-server kinds alike: seconds per message, bytes per second (None:
         unlimited). Both given as NetworkModel takes them ("5ms", "100MB/s"); latency 0 and
@@ -117,6 +121,7 @@ class RunConfig:
     local_steps: int = 0
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    synchronized_bn: bool = False
     latency: float = 0.0
     bandwidth: float | None = None
 
@@ -135,7 +140,8 @@ class RunConfig:
             mode = f"mirrored {self.synchronization.name}"
             if self.synchronization is Sync.ON_READ:
                 mode += f" (average every {self.sync_period})" if self.sync_period else ""
-            return (f"{mode}, {self.aggregation.name}{self.describe_communication()}"
+            bn = ", synchronized batch norm" if self.synchronized_bn else ""
+            return (f"{mode}, {self.aggregation.name}{bn}{self.describe_communication()}"
                     f"{self.describe_network()}")
         lock = ", use_locking" if self.use_locking else ""
         agg = f", {self.aggregation.name}" if self.kind is Kind.PS_SYNC else ""  # async: unused
@@ -370,6 +376,7 @@ _PARSERS = {
     "local_steps": _integer("local_steps", 0, 10_000, "0: off"),
     "outer_lr": lambda v: _number("outer_lr", v, 0.0, True, 10.0),
     "outer_momentum": lambda v: _number("outer_momentum", v, 0.0, False, 0.999),
+    "synchronized_bn": _bool("synchronized_bn"),
     "latency": _latency,
     "bandwidth": _bandwidth,
 }

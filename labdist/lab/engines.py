@@ -16,9 +16,11 @@ from labdist.data.distributed import shard
 from labdist.enums import VariableAggregation, VariableSynchronization
 from labdist.errors import ReplicaDivergenceWarning
 from labdist.lab import communication_engine, replica_steps
+from labdist.lab.batch_stream import Batch
 from labdist.lab.config import RunConfig
 from labdist.lab.models import LabModel, ParamSpec
 from labdist.quorum.training import MembershipChange
+from labdist.training.metrics import Mean
 from labdist.values import PerReplica
 from labdist.variables import Variable
 
@@ -44,8 +46,7 @@ class Engine(Protocol):
         """Make this engine current, starting from the given per-replica parameter vectors
         (a parameter-server engine takes one vector)."""
 
-    def submit(self, config: RunConfig, batch: tuple[np.ndarray, np.ndarray],
-               step: int) -> list[StepRecord]:
+    def submit(self, config: RunConfig, batch: Batch, step: int) -> list[StepRecord]:
         """Run (or start) one step; the records of the steps that finished."""
 
     def configure(self, config: RunConfig) -> None:
@@ -94,6 +95,8 @@ class StepRecord:
     # step, the norms of the averaged pseudo-gradient and of the outer step (else None)
     communication: dict | None = None
     sent: list[int] | None = None  # mirrored: array bytes each replica sent its peers
+    # mirrored: the loss tracker's (total, count) per replica, summed since the epoch began
+    tracked: list[tuple[float, float]] | None = None
     time: float = field(default_factory=time.time)
 
     @property
@@ -109,7 +112,10 @@ class StepRecord:
 class MirroredEngine:
     """Steps through `strategy.run` on a MirroredStrategy. Each (synchronization, aggregation)
     has its own set of variables (a variable's semantics are fixed when it is made); switching
-    writes the copies into the other set, replica by replica."""
+    writes the copies into the other set, replica by replica. The model's state (batch norm's
+    moving statistics) has one set of its own, ON_WRITE / NONE as TensorFlow makes it, which
+    every mode's steps update per replica. A `Mean` metric (Keras' loss tracker, ON_READ /
+    SUM) follows the loss: each replica's partial result beside the cross-replica one."""
 
     kind = "mirrored"
 
@@ -126,6 +132,12 @@ class MirroredEngine:
         self._workers = list(strategy.workers)
         self._stop_listening = strategy.add_membership_listener(self._heard)
         self.modes = communication_engine.Modes(strategy)
+        with strategy.scope():
+            self.state = {k: Variable(np.asarray(v, np.float64), name=f"lab/{k}",
+                                      synchronization=Sync.ON_WRITE, aggregation=Agg.NONE,
+                                      trainable=False)
+                          for k, v in model.init_state().items()}
+            self.metric = Mean(name="lab/loss")
         quiet_divergence()
 
     def _variables(self, sync: Sync, agg: Agg) -> dict[str, Variable]:
@@ -148,7 +160,7 @@ class MirroredEngine:
         values = [self.spec.unflatten(c) for c in copies]
         first = next(iter(variables.values()))
         self.strategy.extended.update(first, replica_steps.assign_copies,
-                                      args=(variables, PerReplica(values)))
+                                      args=({**variables, **self.state}, PerReplica(values)))
         self.variables = variables
         self._latest = [np.array(c, np.float64) for c in copies]
         self.modes.use(config, variables)
@@ -160,27 +172,28 @@ class MirroredEngine:
     def read_copies(self) -> list[np.ndarray]:
         """Every copy, read from the replicas."""
         local = {k: self.strategy.experimental_local_results(v)
-                 for k, v in self.variables.items()}
+                 for k, v in {**self.variables, **self.state}.items()}
         return [self.spec.flatten({k: local[k][r] for k in local})
                 for r in range(self.num_replicas)]
 
-    def submit(self, config: RunConfig, batch: tuple[np.ndarray, np.ndarray], step: int
-               ) -> list[StepRecord]:
-        x, y = batch
+    def submit(self, config: RunConfig, batch: Batch, step: int) -> list[StepRecord]:
+        x, y = batch.x, batch.y
         average = (config.synchronization is Sync.ON_READ and config.sync_period > 0
                    and step % config.sync_period == 0)
         delays = list(config.delays)
         communicating = self.modes.active  # compression / local SGD on (or a residual owed)
+        model = self.model.configured(config.synchronized_bn)
+        state, metric, new_epoch = self.state, self.metric, batch.new_epoch
 
         def args_for(n: int) -> tuple:  # the global batch over n replicas (fewer after a loss)
             xs, ys = PerReplica(shard(x, n)), PerReplica(shard(y, n))
             waits = PerReplica([delays[r] if r < len(delays) else 0.0 for r in range(n)])
             if communicating:
-                return (self.variables, self.modes.outer, self.model, xs, ys,
+                return (self.variables, state, metric, self.modes.outer, model, xs, ys,
                         config.learning_rate, config.skew, waits,
-                        config.aggregation is Agg.MEAN)
-            return (self.variables, self.model, xs, ys, config.learning_rate, config.skew,
-                    waits, average)
+                        config.aggregation is Agg.MEAN, new_epoch)
+            return (self.variables, state, metric, model, xs, ys, config.learning_rate,
+                    config.skew, waits, average, new_epoch)
 
         fn = replica_steps.communicating_step if communicating else replica_steps.mirrored_step
         if self.quorum:  # one transaction over the replicas alive (quorum/training.py)
@@ -195,7 +208,8 @@ class MirroredEngine:
         n = self.num_replicas = len(flats)
         self._latest = [np.array(f, np.float64) for f in flats]
         return [StepRecord(step, self.kind, [float(v) for v in losses], [int(s) for s in sizes],
-                           np.stack(flats), contributions=n, communication=comm, sent=sent)]
+                           np.stack(flats), contributions=n, communication=comm, sent=sent,
+                           tracked=[(float(t), float(c)) for t, c in columns[4]])]
 
     def take_changes(self) -> list[tuple[MembershipChange, list[str]]]:
         """Quorum mode: the membership changes since the last call, each with the workers
@@ -217,8 +231,10 @@ class MirroredEngine:
         return []
 
     def fresh(self) -> None:
-        """The lab's start and reset: the communication modes start afresh (`Modes.fresh`)."""
+        """The lab's start and reset: the communication modes start afresh (`Modes.fresh`),
+        and the loss tracker from zero on every replica."""
         self.modes.fresh()
+        self.metric.reset_state()
 
     def leave(self, config: RunConfig) -> None:
         """Before a switch reads `copies()`: close a DiLoCo round in progress with its outer
@@ -227,7 +243,7 @@ class MirroredEngine:
         copies, skipping the outer step, and the residuals would stay behind)."""
         if self.variables is None:
             return
-        settled = self.modes.settle(config, self.variables)
+        settled = self.modes.settle(config, self.variables, self.state)
         if settled is not None:
             self._latest = settled
             self.num_replicas = len(settled)

@@ -17,12 +17,26 @@ MIN_SPAN_S = 0.25  # the shortest interval a throughput is measured over
 
 
 def spread(values: np.ndarray) -> float:
-    """Max distance of a copy to the copies' mean (0 when every replica agrees)."""
+    """Max distance of a copy to the copies' mean (0 when every replica agrees); `values`:
+    (replicas, elements)."""
     if len(values) and (values == values[:1]).all():  # exactly 0: the mean of 3 equal
         return 0.0  # copies (0.1 + 0.1 + 0.1) / 3 need not equal them
     with np.errstate(all="ignore"):  # a diverged run: inf / nan, said by the runner
         centred = values - values.mean(axis=0, keepdims=True)
         return float(np.sqrt((centred * centred).sum(axis=1)).max())
+
+
+def _metric(tracked: list[tuple[float, float]] | None) -> list[float] | None:
+    """The loss tracker's results from each replica's (total, count): every replica's partial
+    result (its own copies), then the cross-replica one, which an ON_READ / SUM read makes:
+    the totals summed over the counts summed."""
+    if tracked is None:
+        return None
+    totals, counts = (np.asarray(c, np.float64) for c in zip(*tracked, strict=True))
+    with np.errstate(all="ignore"):
+        partial = np.where(counts > 0, totals / np.where(counts > 0, counts, 1), np.nan)
+        whole = totals.sum() / counts.sum() if counts.sum() > 0 else float("nan")
+    return [*map(float, partial), float(whole)]
 
 
 @dataclass
@@ -56,11 +70,15 @@ class RunHistory:
     `tracked[name]` (steps x replicas), `contributions`, `worker` (async PS: whose update the
     step was, else None), `communication` (mirrored with compression / local SGD: what it sent,
     see StepRecord), `sent` (mirrored: array bytes each replica sent, compressed or not, else
-    None), `time`) and the `events`. A switch adds a row (contributions 0)
-    with the copies right after the switch. `diverged_at`: the step a run diverged at."""
+    None), `metric` (mirrored: the loss tracker's partial result per replica, then the
+    cross-replica one, else None), `time`) and the `events`. A switch adds a row
+    (contributions 0) with the copies right after the switch. `diverged_at`: the step a run
+    diverged at. The spread measures a copy's first `trainable` elements (the parameters; a
+    model's state, batch norm's moving statistics, is each replica's own by design)."""
 
     track: list[str]
     track_index: list[int]
+    trainable: int | None = None  # None: every element is a parameter
     step: list[int] = field(default_factory=list)
     kind: list[str] = field(default_factory=list)
     loss: list[list[float]] = field(default_factory=list)
@@ -71,6 +89,7 @@ class RunHistory:
     worker: list[int | None] = field(default_factory=list)
     communication: list[dict | None] = field(default_factory=list)
     sent: list[list[int] | None] = field(default_factory=list)
+    metric: list[list[float] | None] = field(default_factory=list)
     time: list[float] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     last_values: np.ndarray | None = None  # every parameter of every copy, latest row
@@ -83,11 +102,13 @@ class RunHistory:
     def add(self, record: StepRecord) -> StepItem:
         """Append a record; returns the row as the charts take it."""
         row = StepItem(step=record.step, kind=record.kind, loss=record.losses,
-                       global_loss=record.global_loss, spread=spread(record.values),
+                       global_loss=record.global_loss,
+                       spread=spread(record.values[:, :self.trainable]),
                        tracked=record.values[:, self.track_index].T.tolist(),
                        contributions=record.contributions, worker=record.worker,
                        time=record.time, plane=record.values,
-                       communication=record.communication, sent=record.sent)
+                       communication=record.communication, sent=record.sent,
+                       metric=_metric(record.tracked))
         with self._lock:
             self.step.append(record.step)
             self.kind.append(record.kind)
@@ -99,6 +120,7 @@ class RunHistory:
             self.worker.append(record.worker)
             self.communication.append(record.communication)
             self.sent.append(record.sent)
+            self.metric.append(row.metric)
             self.time.append(record.time)
             if record.worker is not None:
                 self.updates_per_worker[record.worker] += 1
@@ -140,8 +162,8 @@ class RunHistory:
     def clear(self) -> None:
         with self._lock:
             for name in ("step", "kind", "loss", "global_loss", "spread", "values",
-                         "contributions", "worker", "communication", "sent", "time",
-                         "events"):
+                         "contributions", "worker", "communication", "sent", "metric",
+                         "time", "events"):
                 getattr(self, name).clear()
             self._recent.clear()
             self._by_worker.clear()

@@ -36,8 +36,9 @@ class Lab:
     strategy: an `ld.MirroredStrategy` or `ld.ParameterServerStrategy` (used, never closed),
         or None to start a MirroredStrategy of `num_replicas` (default 2) that the lab owns.
         The other kinds are made on the same cluster the first time a switch needs them.
-    model: a lab model (`ld.lab.Linear`, `ld.lab.SoftmaxRegression`, `ld.lab.DigitsCNN`, or
-        a `LabModel`); default `Linear(1)`, whose two parameters get a parameter-plane view.
+    model: a lab model (`ld.lab.Linear`, `ld.lab.SoftmaxRegression`, `ld.lab.DigitsCNN`,
+        `ld.lab.BatchNormMLP`, or a `LabModel`); default `Linear(1)`, whose two parameters
+        get a parameter-plane view.
     data: (x, y) arrays (default: the model's own, `LabModel.default_data`: a synthetic
         1-feature regression for `Linear(1)`, the digits for `DigitsCNN`).
     track: parameter elements to chart per replica ("w", "W[3]"); default: the first few.
@@ -47,8 +48,8 @@ class Lab:
         panel's buttons) shrink and grow it mid-run; "none" (default): a lost replica stops
         the run. A strategy you give brings its own mode.
     **settings: the starting RunConfig (kind, synchronization, aggregation, learning_rate,
-        skew, delays, use_locking, sync_period, resync, pace, latency and bandwidth: a
-        slowed-down network, see `ld.NetworkModel`).
+        skew, delays, use_locking, sync_period, resync, pace, synchronized_bn, latency and
+        bandwidth: a slowed-down network, see `ld.NetworkModel`).
     """
 
     def __init__(self, strategy: Any = None, model: LabModel | None = None,
@@ -64,17 +65,17 @@ class Lab:
             raise ValueError(f"fault_tolerance={fault_tolerance!r} applies to the lab's own "
                              "strategy; make the strategy you give with fault_tolerance="
                              "'quorum' instead")
-        if not callable(getattr(model, "loss_and_grads", None)) or \
-                not callable(getattr(model, "init_params", None)):
-            raise TypeError(f"model={model!r} is not a lab model (it needs init_params() and "
-                            "loss_and_grads(xp, params, x, y)); try ld.lab.Linear(1)")
+        if not isinstance(model, LabModel):
+            raise TypeError(f"model={model!r} is not a lab model (subclass ld.lab.LabModel: "
+                            "init_params() and loss_and_grads(xp, params, x, y)); try "
+                            "ld.lab.Linear(1)")
         checks.integer("global_batch_size", global_batch_size, 1)
         x, y = _data(data, model, seed)
         if len(x) < global_batch_size:
             raise ValueError(f"data has {len(x)} samples, fewer than global_batch_size="
                              f"{global_batch_size}")
-        spec = ParamSpec(model.init_params())
-        track = spec.default_track() if track is None else list(track)
+        spec = ParamSpec.of(model)
+        track = model.default_track(spec) if track is None else list(track)
         index = [spec.index(t) for t in track]
         n = _replicas(strategy, num_replicas)
         if global_batch_size < n:
@@ -82,7 +83,7 @@ class Lab:
                              f"{n} replicas: every replica needs samples")
         key = strategy_key(strategy) if strategy is not None else None
         start = RunConfig(kind=key.kind, use_locking=key.use_locking) if key else RunConfig()
-        first = start.replace(settings, n)  # every check done before a cluster starts
+        first = fits_model(start.replace(settings, n), model)  # all checked before a cluster
         self.model, self.data, self.track = model, (x, y), track
         self.global_batch_size = global_batch_size
         self._spec = spec
@@ -90,7 +91,7 @@ class Lab:
         self.panel = None
         self._pool = StrategyPool(strategy, num_replicas, spec.size, fault_tolerance)
         self._replicas = ReplicaChanges(self._pool.first, n)
-        self.history = RunHistory(track, index)
+        self.history = RunHistory(track, index, trainable=spec.trainable)
         self._runner = Runner(self._pool, model, spec, BatchStream(x, y, global_batch_size, seed),
                               first, self.history)
         # a lab nobody holds any more (its cell run again) stops and lets its cluster go
@@ -183,7 +184,7 @@ class Lab:
         requested = time.time()
         with self._lock:
             pending = self.pending_config()
-            new = pending.replace(changes, self.num_replicas)
+            new = fits_model(pending.replace(changes, self.num_replicas), self.model)
             if new != pending:
                 self._runner.enqueue(new, requested)
 
@@ -333,6 +334,20 @@ def _replicas(strategy: Any, num_replicas: int | None) -> int:
     if strategy_key(strategy).kind.is_ps:
         return strategy.num_workers
     return strategy.num_replicas_in_sync
+
+
+def fits_model(config: RunConfig, model: LabModel) -> RunConfig:
+    """`config` if `model` can run under it: a model with state (batch norm) runs mirrored
+    only, and `synchronized_bn` needs batch norm. Returns the config."""
+    stateful = bool(model.init_state())
+    if stateful and config.kind.is_ps:
+        raise ValueError(f"kind={config.kind.value!r} is not allowed with {model!r}: its "
+                         "batch-norm statistics are each replica's own (ON_WRITE / NONE), "
+                         "which the lab's parameter servers do not keep; use kind='mirrored'")
+    if config.synchronized_bn and not stateful:
+        raise ValueError(f"synchronized_bn=True is not allowed with {model!r}: it has no "
+                         "batch norm (try ld.lab.BatchNormMLP())")
+    return config
 
 
 def _data(data: Any, model: LabModel, seed: int) -> tuple[np.ndarray, np.ndarray]:

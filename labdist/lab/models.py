@@ -6,6 +6,8 @@ the lab's own parameter names, which the charts and `track` use.
 A lab model is anything with `init_params()`, `loss_and_grads(xp, params, x, y)` and
 `loss(xp, params, x, y)`; gradients are of the batch's *mean* loss, so with aggregation SUM the
 replicas' gradients add up (a bigger step) and with MEAN they average, as in tf.distribute.
+A model with *state* besides its parameters (batch norm's moving statistics) also says
+`init_state()` and takes `state=`, this replica's copies, which training updates in place.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from labdist import checks
 from labdist.training import losses
-from labdist.training.layers import Conv2D, Dense, Flatten, MaxPooling2D
+from labdist.training.layers import BatchNormalization, Conv2D, Dense, Flatten, MaxPooling2D
 
 
 class LabModel:
@@ -29,10 +31,22 @@ class LabModel:
     def init_params(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def init_state(self) -> dict[str, np.ndarray]:
+        """The model's non-trainable state ({} for most): batch norm's moving statistics,
+        which the lab keeps per replica (ON_WRITE / NONE, as TensorFlow does)."""
+        return {}
+
     def loss_and_grads(self, xp, params: dict[str, Any], x, y) -> tuple[Any, dict[str, Any]]:
         """(mean loss over the batch, {name: d mean loss / d param}); an empty batch gives
-        (0, zeros)."""
+        (0, zeros). A model with state takes `state=` too ({name: this replica's copy}) and
+        updates it in place."""
         raise NotImplementedError
+
+    def configured(self, synchronized_bn: bool) -> LabModel:
+        """The model as a run's settings ask for it: with batch norm, its statistics summed
+        across the replicas (`synchronized_bn`) or not; the same model where nothing
+        applies."""
+        return self
 
     def loss(self, xp, params: dict[str, Any], x, y) -> Any:
         return self.loss_and_grads(xp, params, x, y)[0]
@@ -44,6 +58,10 @@ class LabModel:
         """The data the lab trains this model on when it is given none (None: it must be
         given)."""
         return None
+
+    def default_track(self, spec: ParamSpec) -> list[str]:
+        """The elements the lab charts when not told (`spec`: this model's)."""
+        return spec.default_track()
 
     def solve(self, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray] | None:
         """The parameters that minimise the loss on (x, y), where a model can say (the
@@ -242,31 +260,137 @@ class DigitsCNN(LabModel):
                       "dense_kernel": dense_grads["kernel"], "dense_bias": dense_grads["bias"]}
 
     def check_data(self, x, y):
-        if x.shape[1:] not in ((64,), (8, 8), (8, 8, 1)):
-            raise ValueError(f"data: x has shape {x.shape} but {self!r} takes 8x8 images: "
-                             "(n, 64), (n, 8, 8) or (n, 8, 8, 1)")
-        if y.shape != (len(x),) or y.dtype.kind not in "iu" or (
-                len(y) and (y.min() < 0 or y.max() > 9)):
-            raise ValueError(f"data: y must be {len(x)} integer labels in 0..9")
+        check_digits(self, x, y)
 
     def default_data(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """The digits' training part (1,437 images; needs scikit-learn, as the digits do)."""
-        from labdist.data.datasets import digits
+        return digits_data(seed)
 
-        (x, y), _ = digits.load_data(seed=seed)
-        return x.astype(np.float64), y
+
+@lru_cache(maxsize=8)
+def bn_layers(hidden: int, synchronized: bool) -> tuple[Dense, BatchNormalization, Dense]:
+    """The batch-norm MLP's layers, made once per size and process (as `dense`)."""
+    return (Dense(hidden, input_shape=(64,)),
+            BatchNormalization(momentum=BatchNormMLP.momentum, synchronized=synchronized,
+                               input_shape=(hidden,)),
+            Dense(10, input_shape=(hidden,)))
+
+
+class BatchNormMLP(LabModel):
+    """Dense(hidden) -> BatchNormalization -> relu -> Dense(10) logits on the digits, with
+    sparse categorical cross-entropy: where TensorFlow itself uses aggregation NONE.
+
+    Batch norm's moving mean and variance are state, not parameters: each replica updates
+    its own copy from its own slice of the batch (ON_WRITE / NONE), so the copies drift
+    apart while the parameters stay one value. With `synchronized_bn` on (the lab's setting,
+    Keras' `BatchNormalization(synchronized=True)`) the batch statistics are summed across
+    the replicas every step, so every copy takes the same update and the gap closes by the
+    momentum's factor a step. The momentum is 0.9 (Keras: 0.99) so that both show within
+    tens of steps. The lab tracks `moving_mean[0]` and `moving_mean[1]` by default."""
+
+    momentum = 0.9
+
+    def __init__(self, hidden: int = 8, seed: int = 0, synchronized: bool = False):
+        self.hidden = checks.integer("hidden", hidden, 1)
+        self.seed = checks.integer("seed", seed, 0)
+        self.synchronized = checks.boolean("synchronized", synchronized)
+        self.loss_fn = losses.get("sparse_categorical_crossentropy", from_logits=True)
+
+    def __repr__(self) -> str:
+        sync = ", synchronized=True" if self.synchronized else ""
+        return f"BatchNormMLP(hidden={self.hidden}{sync})"
+
+    def configured(self, synchronized_bn: bool) -> BatchNormMLP:
+        if synchronized_bn == self.synchronized:
+            return self
+        return BatchNormMLP(self.hidden, self.seed, synchronized_bn)
+
+    def init_params(self) -> dict[str, np.ndarray]:
+        first, norm, last = bn_layers(self.hidden, False)
+        rng = np.random.default_rng(self.seed)
+        d1, bn, d2 = (first.build((64,), rng), norm.build((self.hidden,), rng),
+                      last.build((self.hidden,), rng))
+        return {name: value.astype(np.float64) for name, value in (
+            ("dense_kernel", d1["kernel"]), ("dense_bias", d1["bias"]),
+            ("gamma", bn["gamma"]), ("beta", bn["beta"]),
+            ("out_kernel", d2["kernel"]), ("out_bias", d2["bias"]))}
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        _, norm, _ = bn_layers(self.hidden, False)
+        return {k: v.astype(np.float64) for k, v in norm.build_state((self.hidden,)).items()}
+
+    def loss_and_grads(self, xp, params, x, y, state: dict[str, Any] | None = None):
+        """Training mode: batch norm normalises with this slice's statistics (the global
+        batch's when synchronized) and, given `state`, moves this replica's copies."""
+        if len(x) == 0:
+            return empty_batch(xp, params)
+        first, norm, last = bn_layers(self.hidden, self.synchronized)
+        p1 = {"kernel": params["dense_kernel"], "bias": params["dense_bias"]}
+        pn = {"gamma": params["gamma"], "beta": params["beta"]}
+        p2 = {"kernel": params["out_kernel"], "bias": params["out_bias"]}
+        h, c1 = first.forward(xp, p1, x.reshape(len(x), 64))
+        hn, cn = norm.forward(xp, pn, h, training=True, state=state)
+        a = xp.maximum(hn, 0)
+        logits, c2 = last.forward(xp, p2, a)
+        loss, d = self.loss_fn.value_and_grad(xp, y, logits)
+        d, g2 = last.backward(xp, p2, c2, d)
+        d, gn = norm.backward(xp, pn, cn, d * (hn > 0))
+        _, g1 = first.backward(xp, p1, c1, d, input_grad=False)
+        return loss, {"dense_kernel": g1["kernel"], "dense_bias": g1["bias"],
+                      "gamma": gn["gamma"], "beta": gn["beta"],
+                      "out_kernel": g2["kernel"], "out_bias": g2["bias"]}
+
+    def check_data(self, x, y):
+        check_digits(self, x, y)
+
+    def default_data(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        return digits_data(seed)
+
+    def default_track(self, spec: ParamSpec) -> list[str]:
+        return ["moving_mean[0]", "moving_mean[1]", "dense_kernel[0]"]
+
+
+def check_digits(model: LabModel, x: np.ndarray, y: np.ndarray) -> None:
+    """The digits models' data check: 8x8 images and labels 0..9."""
+    if x.shape[1:] not in ((64,), (8, 8), (8, 8, 1)):
+        raise ValueError(f"data: x has shape {x.shape} but {model!r} takes 8x8 images: "
+                         "(n, 64), (n, 8, 8) or (n, 8, 8, 1)")
+    if y.shape != (len(x),) or y.dtype.kind not in "iu" or (
+            len(y) and (y.min() < 0 or y.max() > 9)):
+        raise ValueError(f"data: y must be {len(x)} integer labels in 0..9")
+
+
+def digits_data(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The digits' training part (1,437 images; needs scikit-learn, as the digits do)."""
+    from labdist.data.datasets import digits
+
+    (x, y), _ = digits.load_data(seed=seed)
+    return x.astype(np.float64), y
 
 
 class ParamSpec:
-    """Packs a model's named parameters into one flat vector and back (what crosses to the
-    driver each step), and names each element ("w", "W[2]")."""
+    """Packs a model's named parameters, then its state, into one flat vector and back (what
+    crosses to the driver each step), and names each element ("w", "W[2]",
+    "moving_mean[0]"). `trainable` elements come first: the parameters, which switches unify
+    and the spread measures; the state after them stays each replica's own."""
 
-    def __init__(self, params: dict[str, np.ndarray]):
-        self.names = list(params)
-        self.shapes = [np.shape(params[k]) for k in self.names]
+    def __init__(self, params: dict[str, np.ndarray], state: dict[str, np.ndarray] | None = None):
+        state = state or {}
+        self.names = [*params, *state]
+        self.state_names = list(state)
+        values = {**params, **state}
+        self.shapes = [np.shape(values[k]) for k in self.names]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.offsets = np.cumsum([0, *self.sizes]).tolist()
         self.size = self.offsets[-1]
+        self.trainable = self.offsets[len(params)]  # elements that are parameters
+
+    @classmethod
+    def of(cls, model: LabModel) -> ParamSpec:
+        return cls(model.init_params(), model.init_state())
+
+    def initial(self, model: LabModel) -> np.ndarray:
+        """The model's starting vector: its initial parameters, then its initial state."""
+        return self.flatten({**model.init_params(), **model.init_state()})
 
     def flatten(self, params: dict[str, Any]) -> np.ndarray:
         return np.concatenate([np.asarray(params[k], dtype=np.float64).reshape(-1)

@@ -28,6 +28,7 @@ import numpy as np
 from labdist.data.distributed import shard_bounds
 from labdist.enums import VariableAggregation
 from labdist.lab import replica_steps
+from labdist.lab.batch_stream import Batch
 from labdist.lab.config import Kind, RunConfig
 from labdist.lab.engines import StepRecord
 from labdist.lab.models import LabModel, ParamSpec
@@ -101,8 +102,8 @@ class ParameterServerEngine:
     def take_changes(self) -> list:
         return []  # parameter servers do not change membership
 
-    def submit(self, config: RunConfig, batch, step: int) -> list[StepRecord]:
-        x, y = batch
+    def submit(self, config: RunConfig, batch: Batch, step: int) -> list[StepRecord]:
+        x, y = batch.x, batch.y
         bounds = shard_bounds(len(x), self.num_replicas)
         args = (self.variable, self.spec, self.model, x, y, bounds, config.learning_rate,
                 config.skew)

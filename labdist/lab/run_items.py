@@ -32,6 +32,10 @@ class StepItem:
     plane: np.ndarray  # (replicas, parameters): every copy after the step
     communication: dict | None  # mirrored with a communication mode on (see StepRecord)
     sent: list[int] | None  # mirrored: array bytes each replica sent its peers
+    # mirrored: the loss tracker (a `Mean`, ON_READ / SUM) since the epoch began: each
+    # replica's partial result, then the cross-replica one (the copies' totals summed over
+    # their counts); None elsewhere
+    metric: list[float] | None = None
 
 
 @dataclass(frozen=True)

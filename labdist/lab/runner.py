@@ -9,6 +9,7 @@ run (state "diverged", divergence.py) until a reset. Switching moves the state e
 
 - into mirrored ON_WRITE with aggregation other than NONE: the copies are made equal
   (`resync`: their average, or replica 0's copy), so the spread is 0 from the switch on;
+  a model's state (batch norm's moving statistics) stays each replica's own;
 - into mirrored ON_READ / NONE / ON_WRITE+NONE: each replica keeps its own copy;
 - before any of these moves, what the communication modes left open is settled
   (`engine.leave`: a DiLoCo round closed with its outer step, error-feedback residuals sent),
@@ -52,6 +53,14 @@ Agg = VariableAggregation
 def unify(copies: list[np.ndarray], policy: str) -> np.ndarray:
     """One value from the copies: their average, or replica 0's ("first")."""
     return np.mean(copies, axis=0) if policy == "average" else np.array(copies[0])
+
+
+def unify_parameters(copies: list[np.ndarray], policy: str, trainable: int) -> list[np.ndarray]:
+    """Every copy with its first `trainable` elements (the parameters) made one value by
+    `policy`; the rest (the model's state, batch norm's moving statistics) stays each
+    replica's own, as TensorFlow keeps it (ON_WRITE / NONE)."""
+    one = unify([c[:trainable] for c in copies], policy)
+    return [np.concatenate([one, np.asarray(c[trainable:])]) for c in copies]
 
 
 def needs_equal_copies(config: RunConfig) -> bool:
@@ -326,7 +335,7 @@ class Runner:
         self.config = config
         self.engine = self.pool.engine(config.strategy_key, self.model, self.spec)
         self.pool.fresh()
-        init = self.spec.flatten(self.model.init_params())
+        init = self.spec.initial(self.model)
         self.engine.use(config, self._copies_for(config, [init] * self.n))
         self.link.configure(config, self.engine)
 
@@ -334,6 +343,8 @@ class Runner:
         if config.kind.is_ps:
             return [unify(copies, config.resync)]
         if needs_equal_copies(config):
+            if len(copies) == self.n and self.spec.trainable < self.spec.size:
+                return unify_parameters(copies, config.resync, self.spec.trainable)
             return [unify(copies, config.resync)] * self.n
         if len(copies) == 1:  # from a parameter server: every replica loads its value
             return copies * self.n

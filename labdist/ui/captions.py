@@ -59,7 +59,16 @@ def captions(config: RunConfig) -> dict[str, str]:
                       "steps/s over the last 2 s; sync: every step waits at the barrier for "
                       "the slowest worker (delays)")
         staleness = _ps_staleness(config)
-    return {"track": track, "spread": spread,
+    state = ("batch norm's moving statistics: each replica updates its own copy from its own "
+             "slice (ON_WRITE / NONE), so the lines part; synchronized_bn sums the batch "
+             "statistics across replicas — the lines meet" if not config.synchronized_bn else
+             "synchronized_bn: every replica takes the global batch's statistics, so the "
+             "copies take the same update and the lines meet")
+    metric = ("Keras' loss tracker (ON_READ / SUM): inside the step each replica's result() is "
+              "its partial; the driver's read sums the copies (black); it restarts each epoch"
+              if not config.kind.is_ps else
+              "mirrored only: the metric's copies live on the replicas (switch back to fill it)")
+    return {"track": track, "state": state, "metric": metric, "spread": spread,
             "loss": "each replica's loss on its own shard, and the global loss (log scale)",
             "throughput": throughput, "staleness": staleness,
             "plane": "each replica's path over the loss surface; circles mark switches",

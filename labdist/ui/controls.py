@@ -63,6 +63,13 @@ class Controls:
                        for r in range(n)]
         self.use_locking = w.Checkbox(value=False, description="use_locking (PS)",
                                       style=STYLE, layout=WIDE)
+        self.synchronized_bn = w.Checkbox(
+            value=False, description="synchronized batch norm", style=STYLE,
+            layout=w.Layout(width=WIDE.width),  # its own: hidden for models without state
+            tooltip="sum batch norm's statistics across the replicas every step (Keras' "
+            "synchronized=True): the moving statistics stop drifting apart")
+        if not lab.spec.state_names:  # the model has no batch norm: nothing to synchronize
+            self.synchronized_bn.layout.display = "none"
         self.sync_period = w.IntSlider(value=10, min=0, max=50, description="ON_READ period",
                                        style=STYLE, layout=WIDE)
         self.resync = _toggle("resync", [("average", "average"), ("replica 0", "first")],
@@ -77,8 +84,8 @@ class Controls:
         for slider in (self.learning_rate, self.skew, *self.delays, self.sync_period, self.pace,
                        self.apply_delay):
             slider.continuous_update = False  # one change when released, not one per pixel
-        for name in ("learning_rate", "skew", "use_locking", "sync_period", "pace",
-                     "apply_delay"):
+        for name in ("learning_rate", "skew", "use_locking", "synchronized_bn", "sync_period",
+                     "pace", "apply_delay"):
             getattr(self, name).add_class(f"labdist-{name.replace('_', '-')}")
         for r, slider in enumerate(self.delays):
             slider.add_class(f"labdist-delay-{r}")
@@ -102,7 +109,8 @@ class Controls:
 
     def _bind(self) -> None:
         for name in ("kind", "synchronization", "aggregation", "learning_rate", "skew",
-                     "use_locking", "sync_period", "resync", "pace", "apply_delay"):
+                     "use_locking", "synchronized_bn", "sync_period", "resync", "pace",
+                     "apply_delay"):
             getattr(self, name).observe(self._changed(name), names="value")
         for r, slider in enumerate(self.delays):
             slider.observe(self._changed_delay(r), names="value")
@@ -150,6 +158,7 @@ class Controls:
             "learning_rate": (self.learning_rate, config.learning_rate),
             "skew": (self.skew, min(config.skew, self.skew.max)),
             "use_locking": (self.use_locking, config.use_locking),
+            "synchronized_bn": (self.synchronized_bn, config.synchronized_bn),
             "sync_period": (self.sync_period, min(config.sync_period, self.sync_period.max)),
             "resync": (self.resync, config.resync),
             "pace": (self.pace, int(min(config.pace, self.pace.max))),
@@ -185,7 +194,7 @@ class Controls:
             section("strategy"), self.kind, section("synchronization"), self.synchronization,
             section("aggregation"), self.aggregation,
             section("re-sync when copies must become one"), self.resync,
-            self.sync_period, self.use_locking, self.apply_delay,
+            self.sync_period, self.use_locking, self.synchronized_bn, self.apply_delay,
             self.learning_rate, self.skew, *self.delays, self.pace,
             *self.communication.widgets(), *self.network.widgets(),
         ], layout=w.Layout(width="300px"))

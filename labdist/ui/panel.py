@@ -16,7 +16,7 @@ from labdist.ui.event_log import EventLog
 from labdist.ui.histogram import Histogram
 from labdist.ui.line_chart import DEFAULT_WINDOW, PALETTE, LineChart
 from labdist.ui.parameter_plane import ParameterPlane
-from labdist.ui.publisher import NO_PS_NOTE, Publisher
+from labdist.ui.publisher import NO_PS_NOTE, Publisher, track_chart
 from labdist.ui.replica_buttons import ReplicaButtons
 from labdist.ui.timeline_chart import TimelineChart
 
@@ -41,13 +41,18 @@ def arrangement(kind: Kind, names: list[str]) -> tuple[str, list[str]]:
 def make_charts(lab) -> dict:
     n = lab.replica_slots  # quorum mode: room for the replicas add_replica may add
     replicas = [f"replica {r}" for r in range(n)]
-    charts = {f"track:{name}": LineChart(title=f"{name}, each replica's copy", y_label=name,
-                                         series=replicas) for name in lab.track}
+    charts = {track_chart(lab.spec, name): LineChart(title=f"{name}, each replica's copy",
+                                                     y_label=name, series=replicas)
+              for name in lab.track}
     charts["spread"] = LineChart(title="replica spread (max distance of a copy to the mean)",
                                  y_label="spread", series=["spread"], colors=["#333333"])
     charts["loss"] = LineChart(title="loss per replica and global", y_label="loss",
                                series=[*replicas, "global"], colors=[*PALETTE[:n], "#000000"],
                                emphasis=n, log_y=True)
+    charts["metric"] = LineChart(
+        title="loss metric (a Mean, ON_READ / SUM): each replica's partial result and the "
+        "cross-replica one, since the epoch began", y_label="mean loss",
+        series=[*replicas, "cross-replica"], colors=[*PALETTE[:n], "#000000"], emphasis=n)
     charts["throughput"] = LineChart(title="throughput", y_label="steps / s",
                                      series=["steps / s"], colors=["#2b8a3e"], zero_y=True)
     charts["staleness"] = Histogram(

@@ -61,6 +61,7 @@ class Publisher:
         self._last_status = 0.0
         self._last_delay: float | None = None
         plane = lab.model.plane
+        self._track_chart = [track_chart(lab.spec, name) for name in lab.track]
         self._communication = communication_controls.Feed(charts, lab.replica_slots) \
             if "outer" in charts else None
         self._plane_index = ([lab.spec.index(p) for p in plane]
@@ -159,9 +160,12 @@ class Publisher:
         c["loss"].append(x, [[_at(r.loss, k) for r in rows] for k in range(n)]
                          + [[r.global_loss for r in rows]])
         c["spread"].append(x, [[r.spread for r in rows]])
-        for i, name in enumerate(self.lab.track):
-            c[f"track:{name}"].append(x, [[_at(r.tracked[i], k) for r in rows]
-                                          for k in range(n)])
+        for i, chart in enumerate(self._track_chart):
+            c[chart].append(x, [[_at(r.tracked[i], k) for r in rows] for k in range(n)])
+        # the metric's partial results (one per replica there was), then the cross-replica
+        metric = [r.metric or [float("nan")] for r in rows]
+        c["metric"].append(x, [[_at(m[:-1], k) for m in metric] for k in range(n)]
+                           + [[m[-1] for m in metric]])
         c["throughput"].append([x[-1]], [[self.lab.steps_per_second()]])
         if self._communication is not None:
             self._communication.append(rows)
@@ -379,6 +383,13 @@ def _short(value: Any, name: str = "") -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_short(v) for v in value) + "]"
     return str(value)
+
+
+def track_chart(spec, element: str) -> str:
+    """The chart of a tracked element: "track:w" for a parameter's, "state:moving_mean[0]"
+    for the model's state (each replica's own; its caption says so)."""
+    kind = "state" if element.partition("[")[0] in spec.state_names else "track"
+    return f"{kind}:{element}"
 
 
 def _at(values: list[float], k: int) -> float:
