@@ -40,7 +40,7 @@ def _loss_and_grads(ctx, model, params, state: dict[str, Any], x, y):
     return model.loss_and_grads(ctx.xp, params, x, y, state=local)
 
 
-def _tracked(metric, loss, n: int, reset: bool) -> tuple[float, float]:
+def _tracked(ctx, metric, loss, n: int, reset: bool) -> tuple[float, float]:
     """Keras' loss tracker: `metric` (a `Mean`, ON_READ / SUM) adds this replica's loss
     weighted by its samples, into this replica's copies; it starts again with each epoch.
     Returns this replica's (total, count), from which its partial result and, summed over
@@ -49,8 +49,8 @@ def _tracked(metric, loss, n: int, reset: bool) -> tuple[float, float]:
         metric.reset_state()
     if n:
         metric.update_state(loss, sample_weight=n)
-    total, count = metric.variables
-    return float(to_host(total.read_value())), float(to_host(count.read_value()))
+    total, count = (ctx.local_copy(v) for v in metric.variables)  # this replica's own
+    return float(to_host(total)), float(to_host(count))
 
 
 def _flat(variables: dict[str, Any], state: dict[str, Any]) -> np.ndarray:
@@ -74,7 +74,7 @@ def mirrored_step(variables: dict[str, Any], state: dict[str, Any], metric, mode
     if average:  # local SGD's periodic averaging of ON_READ copies (a local assign each)
         for v in variables.values():
             v.assign(ctx.all_reduce("MEAN", v.read_value()), read_value=False)
-    tracked = _tracked(metric, loss, n, new_epoch)
+    tracked = _tracked(ctx, metric, loss, n, new_epoch)
     return (float(to_host(loss)), n, _flat(variables, state), int(ctx.bytes_sent - sent_before),
             tracked)
 
@@ -159,7 +159,7 @@ def communicating_step(variables: dict[str, Any], state: dict[str, Any], metric,
     info.update(bytes=int(ctx.bytes_sent - sent_before),
                 residual_norm=float(comm.stats()["residual_norm"]),
                 since=rounds.since, rounds=rounds.rounds)
-    tracked = _tracked(metric, loss, len(x), new_epoch)
+    tracked = _tracked(ctx, metric, loss, len(x), new_epoch)
     return float(to_host(loss)), len(x), _flat(variables, state), info, tracked
 
 
