@@ -5,6 +5,8 @@ variables module (above this package) hands its reads to `tape.read`.
 """
 
 from labdist.autodiff.recorded import Recorded, node, unwrap
+from labdist.autodiff.sliced import SlicedGradient, squares_of
 from labdist.autodiff.tape import GradientTape, Watchable, read, recording
 
-__all__ = ["GradientTape", "Recorded", "Watchable", "node", "read", "recording", "unwrap"]
+__all__ = ["GradientTape", "Recorded", "SlicedGradient", "Watchable", "node", "read",
+           "recording", "squares_of", "unwrap"]

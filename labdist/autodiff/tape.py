@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from labdist.autodiff import sliced
 from labdist.autodiff.recorded import Recorded, Watchable
 
 _local = threading.local()
@@ -186,12 +187,13 @@ def backpropagate(target: Recorded, output_gradients: Any = None) -> dict:
             continue
         if value.source is not None:
             k = key(value.source)
-            found[k] = g if k not in found else found[k] + g
+            found[k] = g if k not in found else sliced.add(found[k], g)
         found[id(value)] = g
         if value.backward is None:
             continue
         for parent, pg in zip(value.parents, value.backward(g), strict=True):
             if pg is None or not isinstance(parent, Recorded):
                 continue
-            grads[id(parent)] = pg if id(parent) not in grads else grads[id(parent)] + pg
+            grads[id(parent)] = pg if id(parent) not in grads else \
+                sliced.add(grads[id(parent)], pg)
     return found

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from labdist import context, shipping
+from labdist import autodiff, context, shipping
 from labdist.enums import ReduceOp
 from labdist.enums import VariableSynchronization as Sync
 from labdist.replica.replica_context import current
@@ -172,6 +172,12 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
         count += 1
         step = int(count)
     params = [ctx.local_copy(v).reshape(-1) for _, v in pairs]
+    # an Embedding table's gradient from the tape carries its lookups' squared slices
+    # (autodiff/sliced.py): the second moments take their sum over the replicas, as fit's
+    squares = [autodiff.squares_of(g) for g, _ in pairs]
+    squares = ([None if s is None else xp.asarray(s, dtype=p.dtype).reshape(-1)
+                for s, p in zip(squares, params, strict=True)]
+               if any(s is not None for s in squares) else None)
     grads = [xp.asarray(g, dtype=p.dtype) for (g, _), p in zip(pairs, params, strict=True)]
     slots = [{s: ctx.local_copy(sv).reshape(-1)
               for s, sv in optimizer.slot_variables.get(v.id, {}).items()} for _, v in pairs]
@@ -188,7 +194,7 @@ def apply_gradients(optimizer, grads_and_vars) -> None:
         if state.pending():  # local SGD was just turned off: close its round first
             diloco.leave_local(ctx, params, slots, state)
             state.save()
-    sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step)
+    sharded = apply_summed(ctx, WHAT, optimizer, grads, params, slots, step, squares=squares)
     ctx.communication.synced_steps += 1
     state = [a for d in slots for a in d.values()]
     if sharded and state:  # each rank updated its own segment of the slots: make them whole

@@ -1,9 +1,9 @@
-"""Adam, Adagrad and RMSprop on an `Embedding` table under `fit`, replayed against TensorFlow
-2.21 / Keras 3.15 (tf_recorded/record_embedding_optimizers.py): the table's gradient is one
-slice per lookup, so the second moments (Adam's v, Adagrad's accumulator, RMSprop's velocity)
-take the sum of the squared slices, over every replica's lookups, while the first moments
-and the step take the summed gradient; SGD is the control. Weights and every slot are
-compared after 3 steps on 1, 2 and 3 replicas."""
+"""Adam, Adagrad and RMSprop on an `Embedding` table under `fit` and in a custom loop, replayed
+against TensorFlow 2.21 / Keras 3.15 (tf_recorded/record_embedding_optimizers.py): the table's
+gradient is one slice per lookup, so the second moments (Adam's v, Adagrad's accumulator,
+RMSprop's velocity) take the sum of the squared slices, over every replica's lookups, while
+the first moments and the step take the summed gradient; SGD is the control. Weights and
+every slot are compared after 3 steps on 1, 2 and 3 replicas."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from conftest import make_strategy
 
 import labdist as ld
+from labdist.autodiff import SlicedGradient, squares_of
 
 RECORDED = json.loads(Path(__file__).with_name("tf_recorded").joinpath(
     "embedding_optimizers.json").read_text())
@@ -55,12 +56,13 @@ def _fit(name: str, strategy) -> ld.models.Sequential:
     return model
 
 
-def _check(model, strategy, name: str, recorded: dict) -> None:
+def _check(model, strategy, name: str, recorded: dict, optimizer=None) -> None:
+    optimizer = model.optimizer if optimizer is None else optimizer
     for got, want in zip(model.get_weights(), recorded["after"], strict=True):
         np.testing.assert_allclose(got, np.asarray(want), rtol=2e-5, atol=2e-6)
     rename = SLOT_NAMES.get(name, {})
     for w, want in zip(model.trainable_weights, recorded["slots"], strict=True):
-        slots = model.optimizer.slot_variables.get(w.id, {})
+        slots = optimizer.slot_variables.get(w.id, {})
         assert set(slots) == {rename.get(k, k) for k in want}, w.name
         for k, values in want.items():  # every replica's copy of the slot
             for copy in strategy.experimental_local_results(slots[rename.get(k, k)]):
@@ -85,6 +87,59 @@ def test_two_replicas_match_tensorflow(name, mirrored2):
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_three_replicas_match_tensorflow(name, mirrored3):
     _check(_fit(name, mirrored3), mirrored3, name, RECORDED["fit"][name]["3"])
+
+
+def _custom_loop(name: str, strategy):
+    """TensorFlow's custom-training program (the recording's `with_custom_loop`), with the
+    import changed: GradientTape inside strategy.run, apply_gradients summing the replicas'
+    gradients. The tape hands the table's gradient out with its lookups' squared slices."""
+    x = np.asarray(RECORDED["x"], np.float32)
+    y = np.asarray(RECORDED["y"], np.int64)
+    batch = RECORDED["batch_size"]
+    with strategy.scope():
+        model = ld.models.Sequential([ld.Input((x.shape[1],)), ld.layers.Embedding(7, 3),
+                                      ld.layers.GlobalAveragePooling1D(), ld.layers.Dense(2)])
+        model.set_weights([np.asarray(w, np.float32) for w in RECORDED["initial"]])
+        optimizer = OPTIMIZERS[name]()
+        optimizer.build(model.trainable_variables)
+    loss_fn = ld.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    data = strategy.experimental_distribute_dataset(
+        ld.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+
+    def step(xb, yb):
+        with ld.GradientTape() as tape:
+            loss = ld.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)),
+                                              global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    for xb, yb in data:
+        strategy.run(step, args=(xb, yb))
+    return model, optimizer
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_custom_loop_matches_tensorflows(name, replicas, request):
+    strategy = (ld.OneDeviceStrategy("cpu") if replicas == 1
+                else request.getfixturevalue(f"mirrored{replicas}"))
+    try:
+        model, optimizer = _custom_loop(name, strategy)
+        _check(model, strategy, name, RECORDED["custom_loop"][name][str(replicas)], optimizer)
+    finally:
+        if replicas == 1:
+            strategy.close()
+
+
+def test_a_sliced_gradient_computed_on_is_a_plain_gradient():
+    """Scaling or clipping the table's gradient leaves the squares behind: they would no
+    longer be the slices' own (the optimizer then squares the gradient it is given)."""
+    g = SlicedGradient(np.array([[1.0, 2.0]]), np.array([[0.5, 2.5]]))
+    assert squares_of(g).tolist() == [[0.5, 2.5]]
+    for derived in (g * 0.5, np.clip(g, -1, 1), g + g, g[0:1]):
+        assert squares_of(derived) is None
+    cast = g.astype(np.float32)
+    assert cast.dtype == np.float32 and squares_of(cast).dtype == np.float32
 
 
 @pytest.fixture
