@@ -60,8 +60,7 @@ def squares_of(gradient: Any) -> Any:
 def add(a: Any, b: Any) -> Any:
     """Two gradients of one value summed (a table used twice): sliced when both are."""
     sa, sb = squares_of(a), squares_of(b)
-    total = np.asarray(a) + np.asarray(b) if isinstance(a, SlicedGradient) or \
-        isinstance(b, SlicedGradient) else a + b
+    total = a + b  # a plain array (SlicedGradient's arithmetic drops the squares)
     if sa is None or sb is None:
         return total
     return SlicedGradient(total, sa + sb)

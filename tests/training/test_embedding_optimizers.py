@@ -219,3 +219,15 @@ def _recorded_model(strategy, length: int, optimizer):
         m.compile(optimizer=optimizer,
                   loss=ld.losses.SparseCategoricalCrossentropy(from_logits=True))
     return m
+
+
+def test_a_table_used_twice_sums_both_uses_squares():
+    """Two gradients of one table (a model called twice in a step) add up with their
+    squares; a plain one among them leaves a plain sum."""
+    from labdist.autodiff.sliced import add
+
+    a = SlicedGradient(np.array([1.0, 2.0]), np.array([1.0, 4.0]))
+    b = SlicedGradient(np.array([3.0, 0.0]), np.array([5.0, 0.0]))
+    both = add(a, b)
+    assert both.tolist() == [4.0, 2.0] and squares_of(both).tolist() == [6.0, 4.0]
+    assert squares_of(add(a, np.array([1.0, 1.0]))) is None
