@@ -33,9 +33,9 @@ def _metric(tracked: list[tuple[float, float]] | None) -> list[float] | None:
     if tracked is None:
         return None
     totals, counts = (np.asarray(c, np.float64) for c in zip(*tracked, strict=True))
-    with np.errstate(all="ignore"):
-        partial = np.where(counts > 0, totals / np.where(counts > 0, counts, 1), np.nan)
-        whole = totals.sum() / counts.sum() if counts.sum() > 0 else float("nan")
+    with np.errstate(all="ignore"):  # a replica that counted nothing yet: 0 / 0, nan
+        partial = totals / counts
+        whole = totals.sum() / counts.sum()
     return [*map(float, partial), float(whole)]
 
 

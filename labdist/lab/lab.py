@@ -83,7 +83,7 @@ class Lab:
                              f"{n} replicas: every replica needs samples")
         key = strategy_key(strategy) if strategy is not None else None
         start = RunConfig(kind=key.kind, use_locking=key.use_locking) if key else RunConfig()
-        first = fits_model(start.replace(settings, n), model)  # all checked before a cluster
+        first = fits_model(start.replace(settings, n), model, spec)  # checked before a cluster
         self.model, self.data, self.track = model, (x, y), track
         self.global_batch_size = global_batch_size
         self._spec = spec
@@ -184,7 +184,8 @@ class Lab:
         requested = time.time()
         with self._lock:
             pending = self.pending_config()
-            new = fits_model(pending.replace(changes, self.num_replicas), self.model)
+            new = fits_model(pending.replace(changes, self.num_replicas), self.model,
+                             self._spec)
             if new != pending:
                 self._runner.enqueue(new, requested)
 
@@ -336,10 +337,10 @@ def _replicas(strategy: Any, num_replicas: int | None) -> int:
     return strategy.num_replicas_in_sync
 
 
-def fits_model(config: RunConfig, model: LabModel) -> RunConfig:
-    """`config` if `model` can run under it: a model with state (batch norm) runs mirrored
-    only, and `synchronized_bn` needs batch norm. Returns the config."""
-    stateful = bool(model.init_state())
+def fits_model(config: RunConfig, model: LabModel, spec: ParamSpec) -> RunConfig:
+    """`config` if `model` (`spec`: its layout) can run under it: a model with state (batch
+    norm) runs mirrored only, and `synchronized_bn` needs batch norm. Returns the config."""
+    stateful = bool(spec.state_names)
     if stateful and config.kind.is_ps:
         raise ValueError(f"kind={config.kind.value!r} is not allowed with {model!r}: its "
                          "batch-norm statistics are each replica's own (ON_WRITE / NONE), "
@@ -352,7 +353,7 @@ def fits_model(config: RunConfig, model: LabModel) -> RunConfig:
 
 def _data(data: Any, model: LabModel, seed: int) -> tuple[np.ndarray, np.ndarray]:
     if data is None:
-        found = model.default_data(seed) if isinstance(model, LabModel) else None
+        found = model.default_data(seed)
         if found is None:
             raise ValueError(f"data=None: {model!r} has no data of its own; give (x, y), or "
                              "use ld.lab.Linear(1) or ld.lab.DigitsCNN(), which have")

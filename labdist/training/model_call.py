@@ -76,15 +76,18 @@ def call(model, x: Any, training: bool = False) -> Any:
         grads: dict[tuple, Any] = {}
         for i in range(len(layers) - 1, -1, -1):
             want_input = i > 0 or recorded_x is not None
-            sliced = [k for k in sorted(layers[i].sliced) if (i, k) in wanted]
+            # an Embedding table: its lookups' squared slices (sliced.py), which only a
+            # numpy gradient carries
+            sliced = [k for k in sorted(layers[i].sliced) if (i, k) in wanted] \
+                if xp is np else []
             squares = {k: xp.zeros_like(params[i][k]) for k in sliced}
-            if squares:  # an Embedding table: its lookups' squared slices (sliced.py)
+            if squares:
                 layers[i].squared_slices(xp, caches[i], g, squares)
             g, layer_grads = layers[i].backward(xp, params[i], caches[i], g,
                                                 input_grad=want_input)
             for k, grad in layer_grads.items():
-                grads[(i, k)] = (autodiff.SlicedGradient(grad, squares[k])
-                                 if k in squares and xp is np else grad)
+                grads[(i, k)] = (autodiff.SlicedGradient(grad, squares[k]) if k in squares
+                                 else grad)
         return (g if recorded_x is not None else None,
                 *(grads.get((i, k)) for i, k, _ in watched))
 
